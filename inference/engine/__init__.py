@@ -1,0 +1,18 @@
+"""Pokomachi's inference engine: paged KV, prefix caching, continuous batching.
+
+Pure Python + torch (+ xgrammar, gguf, tokenizers); never imports Django-side code.
+"""
+
+from inference.engine.config import EngineConfig
+from inference.engine.llm_engine import LLMEngine, RequestOutput
+from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.sampling_params import SamplingParams
+
+__all__ = [
+    "EngineConfig",
+    "EngineStats",
+    "LLMEngine",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+]

@@ -1,0 +1,16 @@
+"""The inference app: the engine runtime, node registry and completion service."""
+
+from django.apps import AppConfig
+
+
+class InferenceConfig(AppConfig):
+    default_auto_field = "django.db.models.BigAutoField"
+    name = "inference"
+    label = "inference"
+    verbose_name = "Inference"
+
+    def ready(self) -> None:
+        from inference import checks  # noqa: F401  (registers the system checks)
+        from inference.worker import worker_signals_connect
+
+        worker_signals_connect()

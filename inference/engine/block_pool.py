@@ -1,0 +1,144 @@
+"""The KV block pool: ref-counted blocks, an LRU free queue, and the prefix-cache map.
+
+A block with ref_cnt 0 sits in the free queue but keeps its hash (and contents) until it is
+handed out again: that is what makes it a cache hit later. Blocks are evicted from the head
+of the free queue (least recently freed first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.engine.hashing import BlockHash
+
+
+@dataclass(eq=False, slots=True)
+class KVCacheBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+    # The tokens behind the hash: a hit compares them, so a collision cannot reuse wrong state.
+    token_ids: tuple[int, ...] | None = None
+    prev_free: KVCacheBlock | None = None
+    next_free: KVCacheBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks; O(1) popleft, append and removal from the middle."""
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next_free
+        assert block is not None and block is not self._tail, "free queue is empty"
+        self.remove(block)
+        return block
+
+    def append(self, block: KVCacheBlock) -> None:
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        assert block.prev_free is not None and block.next_free is not None, "block is not free"
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def block_ids(self) -> list[int]:
+        ids = []
+        block = self._head.next_free
+        while block is not None and block is not self._tail:
+            ids.append(block.block_id)
+            block = block.next_free
+        return ids
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def get_cached_block(
+        self, block_hash: BlockHash, token_ids: tuple[int, ...]
+    ) -> KVCacheBlock | None:
+        block = self.hash_to_block.get(block_hash)
+        if block is None or block.token_ids != token_ids:
+            return None
+        return block
+
+    def cache_block(
+        self, block: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...]
+    ) -> None:
+        """Register a computed full block; an existing entry for the same hash is kept."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.hash_to_block:
+            return
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        self.hash_to_block[block_hash] = block
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        assert num_blocks <= self.num_free_blocks, "caller must check num_free_blocks"
+        blocks = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            blocks.append(block)
+        return blocks
+
+    def touch(self, blocks: list[KVCacheBlock]) -> None:
+        """Take a reference on cache-hit blocks, pulling free ones out of the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: list[KVCacheBlock]) -> None:
+        """Drop a reference; blocks reaching zero join the free queue in the given order."""
+        for block in ordered_blocks:
+            assert block.ref_cnt > 0, f"double free of {block}"
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.blocks:
+            self._evict(block)
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is None:
+            return
+        if self.hash_to_block.get(block.block_hash) is block:
+            del self.hash_to_block[block.block_hash]
+            self.num_evictions += 1
+        block.block_hash = None
+        block.token_ids = None

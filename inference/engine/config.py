@@ -1,0 +1,55 @@
+"""EngineConfig: every engine knob in one validated dataclass.
+
+Django settings become an EngineConfig in one place (inference/runtime.py); nothing in the
+engine reads the environment or settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.engine.model_files import known_model_names
+
+_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    device: str = "cpu"
+    enable_prefix_caching: bool = True
+    block_size: int = 16
+    # KV memory: an explicit block count wins over the byte budget.
+    kv_cache_memory_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 1024
+    # Shorter than the model's own context is allowed; longer is an error at load time.
+    max_model_len: int | None = None
+    num_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be one of {known_model_names()} or a .gguf path")
+        if self.device not in _DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
+        if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be at least 1 MiB, got {self.kv_cache_memory_bytes}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"block_size ({self.block_size})"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")

@@ -1,0 +1,42 @@
+"""Block hashes: each full block's key chains its parent's hash, its tokens and extra keys."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NewType
+
+import numpy as np
+
+BlockHash = NewType("BlockHash", bytes)
+
+
+def hash_block_tokens(
+    parent: BlockHash | None, token_ids: list[int] | tuple[int, ...], extra: bytes
+) -> BlockHash:
+    """sha256(parent ‖ extra ‖ tokens). `extra` carries the model fingerprint and cache salt."""
+    digest = hashlib.sha256()
+    digest.update(parent or b"\0" * 32)
+    digest.update(extra)
+    digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return BlockHash(digest.digest())
+
+
+def extra_keys(model_fingerprint: str, cache_salt: str | None) -> bytes:
+    """Requests with different salts (tenants) or models can never share a block."""
+    salt = cache_salt or ""
+    return f"{model_fingerprint}\x1f{salt}".encode()
+
+
+def hash_request_blocks(
+    token_ids: list[int],
+    block_size: int,
+    extra: bytes,
+    known: list[BlockHash],
+) -> list[BlockHash]:
+    """Extend `known` (hashes of the first blocks) to cover every full block of token_ids."""
+    hashes = list(known)
+    parent = hashes[-1] if hashes else None
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra)
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,266 @@
+"""LLMEngine: the public front. `generate` is thread-safe; one loop thread runs the steps.
+
+A step is three lines — schedule, run, postprocess — as in nano-vllm. Requests from every
+caller thread meet in the same scheduler, so concurrent decisions are batched together.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inference.engine.config import EngineConfig
+from inference.engine.kv_cache_manager import KVCacheManager
+from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.model_runner import ModelRunner
+from inference.engine.models import load_model
+from inference.engine.request import Request, RequestStatus
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.scheduler import Scheduler
+from inference.engine.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        loaded = load_model(config.model, self.device, config.seed)
+        self.tokenizer = loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+        bytes_per_block = config.block_size * loaded.config.kv_bytes_per_token
+        self.num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // bytes_per_block
+        if self.num_blocks < 2:
+            raise ValueError(
+                f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks "
+                f"of {bytes_per_block} bytes; raise it"
+            )
+        self.kv_cache_manager = KVCacheManager(
+            self.num_blocks, config.block_size, config.enable_prefix_caching, loaded.fingerprint
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        self.structured = StructuredOutputManager(self.tokenizer, loaded.config.vocab_size)
+        self.runner = ModelRunner(
+            loaded, self.num_blocks, config.block_size, self.device, self.structured
+        )
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._lock = threading.Condition()
+        self._inbox: list[tuple[Request, Future]] = []
+        self._futures: dict[str, Future] = {}
+        self._num_steps = 0
+        self._shutdown = False
+        self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
+        self._loop.start()
+
+    # ---- the public front -------------------------------------------------------------
+
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (blocking); safe to call from many threads at once."""
+        params = params or SamplingParams()
+        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        requests = [self._make_request(prompt, params) for prompt in batch]
+        futures = [Future() for _ in requests]
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("engine is shut down")
+            self._inbox.extend(zip(requests, futures, strict=True))
+            self._lock.notify()
+        return [future.result() for future in futures]
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            prefix = self.kv_cache_manager.stats
+            return EngineStats(
+                prefix_cache_queries=prefix.queries,
+                prefix_cache_hits=prefix.hits,
+                kv_cache_usage=self.kv_cache_manager.usage(),
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting) + len(self._inbox),
+                num_preemptions=self.scheduler.num_preemptions,
+                num_steps=self._num_steps,
+            )
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._shutdown = True
+            self._lock.notify()
+        self._loop.join(timeout=30)
+
+    # ---- building requests (caller's thread) --------------------------------------------
+
+    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+        token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens; the model's context is {self.max_model_len} "
+                "(prompt plus at least one output token): shorten the prompt"
+            )
+        vocab = self.structured.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        max_len = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        needed_blocks = -(-max_len // self.config.block_size)
+        if needed_blocks > self.num_blocks:
+            raise ValueError(
+                f"prompt plus max_tokens needs {needed_blocks} KV blocks but the cache holds "
+                f"{self.num_blocks}: raise kv_cache_memory_bytes or lower max_tokens"
+            )
+        schema = params.json_schema_text()
+        grammar = self.structured.grammar_for(schema) if schema is not None else None
+        seed = params.seed
+        if seed is None and not params.is_greedy:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return Request(
+            request_id=str(next(self._ids)),
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            grammar=grammar,
+            generator=generator,
+        )
+
+    def _tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+        raise ValueError(
+            "a prompt must be a string, a list of token ids, or a list of chat messages "
+            '[{"role": ..., "content": ...}]'
+        )
+
+    # ---- the loop (engine thread) -------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._lock:
+                while (
+                    not self._shutdown and not self._inbox and not self.scheduler.has_unfinished()
+                ):
+                    self._lock.wait()
+                if self._shutdown:
+                    self._fail_all(RuntimeError("engine shut down"))
+                    return
+                for request, future in self._inbox:
+                    self._futures[request.request_id] = future
+                    self.scheduler.add_request(request)
+                self._inbox.clear()
+            try:
+                finished = self.step()
+            except Exception as exc:  # a bug must not hang every caller
+                logger.exception("engine step failed; failing the requests in flight")
+                with self._lock:
+                    self._fail_all(exc)
+                continue
+            for request in finished:
+                future = self._futures.pop(request.request_id)
+                future.set_result(self._output(request))
+
+    def step(self) -> list[Request]:
+        """One engine step: schedule, run, postprocess. Returns the requests that finished."""
+        with self._lock:
+            scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        sampled = self.runner.execute(scheduler_output)
+        with self._lock:
+            self._num_steps += 1
+            return self._postprocess(scheduler_output, sampled)
+
+    def _postprocess(self, scheduler_output, sampled: dict[str, int]) -> list[Request]:
+        finished = []
+        now = time.monotonic()
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            request.num_computed_tokens += scheduled.num_new_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token, now)
+            if request.grammar is not None:
+                request.grammar.accept(token)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self.scheduler.finish(request, status)
+                finished.append(request)
+        return finished
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if not params.ignore_eos and token in self.tokenizer.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if request.grammar is not None and request.grammar.is_terminated:
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop_list:
+            text = self.tokenizer.decode(request.output_token_ids)
+            if any(stop in text for stop in params.stop_list):
+                return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _output(self, request: Request) -> RequestOutput:
+        text = self.tokenizer.decode(request.output_token_ids)
+        for stop in request.sampling_params.stop_list:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids),
+            text=text,
+            finish_reason=request.status.value,
+            metrics=request.metrics(),
+        )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        for future in self._futures.values():
+            future.set_exception(exc)
+        self._futures.clear()
+        for _, future in self._inbox:
+            future.set_exception(exc)
+        self._inbox.clear()
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    if isinstance(prompts, str):
+        return True
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], (int, dict)):
+        return True
+    return False

@@ -1,0 +1,88 @@
+"""ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
+
+It owns the model and the KV cache tensors; the scheduler owns which slots are whose.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.engine.attention import AttentionMetadata, SequenceSpan, causal_mask
+from inference.engine.models import LoadedModel
+from inference.engine.request import Request
+from inference.engine.sampler import sample
+from inference.engine.scheduler import SchedulerOutput
+from inference.engine.structured_output import StructuredOutputManager
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        structured: StructuredOutputManager,
+    ) -> None:
+        self.model = loaded.model
+        self.device = device
+        self.block_size = block_size
+        self.structured = structured
+        cfg = loaded.config
+        num_slots = num_blocks * block_size
+        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+            for _ in range(cfg.num_layers)
+        ]
+
+    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+        """Run one step; returns the sampled token of every request whose prompt is done."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[torch.Tensor] = []
+        spans: list[SequenceSpan] = []
+        sampling: list[Request] = []
+        logits_rows: list[int] = []
+        for scheduled in output.scheduled:
+            request = scheduled.request
+            start = request.num_computed_tokens
+            end = start + scheduled.num_new_tokens
+            tokens = request.all_token_ids
+            query_start = len(input_ids)
+            input_ids.extend(tokens[start:end])
+            positions.extend(range(start, end))
+            slots = self._slots(scheduled.block_ids, end)  # (end,) every slot of the context
+            slot_mapping.append(slots[start:end])
+            spans.append(
+                SequenceSpan(
+                    query_start=query_start,
+                    query_len=end - start,
+                    context_slots=slots,
+                    mask=causal_mask(end - start, end, self.device),
+                )
+            )
+            if end == request.num_tokens:
+                sampling.append(request)
+                logits_rows.append(len(input_ids) - 1)
+
+        meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+        logits = self.model(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            self.kv_caches,
+            meta,
+            torch.tensor(logits_rows, dtype=torch.long, device=self.device),
+        )
+        if not sampling:
+            return {}
+        self.structured.apply(logits, [r.grammar for r in sampling])
+        tokens = sample(
+            logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
+        )
+        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+
+    def _slots(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
+        blocks = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        offsets = torch.arange(self.block_size, device=self.device)
+        return (blocks[:, None] * self.block_size + offsets[None, :]).flatten()[:num_tokens]

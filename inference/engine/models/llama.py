@@ -1,0 +1,231 @@
+"""The llama architecture (SmolLM2 and any llama-family checkpoint), built bottom-up.
+
+Weights arrive as a dict in HF naming (model.layers.N.self_attn.q_proj.weight, ...);
+gguf_names_to_hf maps a GGUF file's names and un-permutes its Q/K rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.engine.attention import AttentionMetadata, paged_attention, write_kv
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+
+    @classmethod
+    def from_gguf_metadata(cls, md: dict[str, Any], vocab_size: int) -> LlamaConfig:
+        arch = md["general.architecture"]
+        hidden = int(md[f"{arch}.embedding_length"])
+        heads = int(md[f"{arch}.attention.head_count"])
+        return cls(
+            vocab_size=int(md.get(f"{arch}.vocab_size", vocab_size)),
+            hidden_size=hidden,
+            intermediate_size=int(md[f"{arch}.feed_forward_length"]),
+            num_layers=int(md[f"{arch}.block_count"]),
+            num_heads=heads,
+            num_kv_heads=int(md.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(md.get(f"{arch}.rope.dimension_count", hidden // heads)),
+            rope_theta=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=float(md.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            max_position_embeddings=int(md.get(f"{arch}.context_length", 2048)),
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
+
+
+class RotaryEmbedding(nn.Module):
+    """rotate-half RoPE (HF layout); cos/sin precomputed for every position once."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        # (max_positions, head_dim): each half repeats the frequencies
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1).float(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1).float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: (T, n_heads, head_dim)
+        cos = self.cos[positions].unsqueeze(1)  # (T, 1, head_dim)
+        sin = self.sin[positions].unsqueeze(1)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rope(q.view(num_tokens, self.num_heads, self.head_dim), positions)  # (T, H, D)
+        k = rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), positions)  # (T, KVH, D)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # Every sequence's new K/V is written before any attends: a request may reuse
+        # blocks that another request in the same step is computing right now.
+        write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.self_attn = LlamaAttention(cfg)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x, positions, rope, kv_cache, meta) -> torch.Tensor:
+        h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
+        x = x + self.self_attn(h, positions, rope, kv_cache, meta)
+        h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
+        return x + self.mlp(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (T,)
+        positions: torch.Tensor,  # (T,)
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,  # (N,) rows whose next-token logits are wanted
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, self.rope, kv_cache, meta)
+        x = F.rms_norm(x[logits_indices], x.shape[-1:], self.norm, self.config.rms_norm_eps)
+        return self.lm_head(x)  # (N, vocab)
+
+    @torch.inference_mode()
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load HF-named weights, fusing q/k/v and gate/up into single matmuls."""
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise ValueError(f"checkpoint is missing tensor {name!r}")
+            return weights[name]
+
+        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+        self.norm.copy_(take("model.norm.weight"))
+        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        self.lm_head.weight.copy_(head)
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            layer.input_layernorm.copy_(take(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.copy_(take(p + "post_attention_layernorm.weight"))
+            attn = p + "self_attn."
+            layer.self_attn.qkv_proj.weight.copy_(
+                torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"], dim=0)
+            )
+            layer.self_attn.o_proj.weight.copy_(take(attn + "o_proj.weight"))
+            mlp = p + "mlp."
+            layer.mlp.gate_up_proj.weight.copy_(
+                torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")], dim=0)
+            )
+            layer.mlp.down_proj.weight.copy_(take(mlp + "down_proj.weight"))
+
+
+def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """GGUF stores Q/K rows for interleaved-pair RoPE; bring them back to rotate-half order."""
+    out_dim = w.shape[0]
+    head_dim = out_dim // n_heads
+    # (n_heads, head_dim/2, 2, in) → (n_heads, 2, head_dim/2, in)
+    return w.reshape(n_heads, head_dim // 2, 2, -1).transpose(1, 2).reshape(out_dim, -1)
+
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def gguf_names_to_hf(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    hf: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": tensors["token_embd.weight"],
+        "model.norm.weight": tensors["output_norm.weight"],
+    }
+    if "output.weight" in tensors:
+        hf["lm_head.weight"] = tensors["output.weight"]
+    for name, tensor in tensors.items():
+        if not name.startswith("blk."):
+            continue
+        _, index, rest = name.split(".", 2)
+        if rest not in _GGUF_LAYER_NAMES:
+            continue
+        if rest == "attn_q.weight":
+            tensor = _unpermute_rope_rows(tensor, cfg.num_heads)
+        elif rest == "attn_k.weight":
+            tensor = _unpermute_rope_rows(tensor, cfg.num_kv_heads)
+        hf[f"model.layers.{index}.{_GGUF_LAYER_NAMES[rest]}"] = tensor
+    return hf

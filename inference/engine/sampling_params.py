@@ -1,0 +1,52 @@
+"""SamplingParams: how one request is decoded. Validated on construction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+    json_schema: dict[str, Any] | str | None = None
+    cache_salt: str | None = None
+    stop_list: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
+        if isinstance(self.stop, str):
+            self.stop_list = [self.stop]
+        elif self.stop is None:
+            self.stop_list = []
+        else:
+            self.stop_list = list(self.stop)
+        if any(not isinstance(s, str) or not s for s in self.stop_list):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
+            raise ValueError("json_schema must be a dict or a JSON string")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def json_schema_text(self) -> str | None:
+        if self.json_schema is None:
+            return None
+        if isinstance(self.json_schema, str):
+            return self.json_schema
+        return json.dumps(self.json_schema)

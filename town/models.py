@@ -1,0 +1,244 @@
+"""The town's data: a Town of Places and Residents, and Runs that simulate it tick by tick.
+
+A Resident holds its profile and starting state; each Run copies that into ResidentStates, so two
+runs of one town (say a `naive` and a `shared_head` layout) start from the same state and never
+disturb each other. Every Decision keeps its prompt, its raw output and every engine metric.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Town(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    seed = models.IntegerField(default=0, help_text="The seed seed_town built it from.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Place(models.Model):
+    class Kind(models.TextChoices):
+        KISSATEN = "kissaten", "kissaten (喫茶店)"
+        CAFE = "cafe", "café (カフェ)"
+        BAKERY = "bakery", "bakery (パン屋)"
+        BOOKSHOP = "bookshop", "bookshop (本屋)"
+        PARK = "park", "park (公園)"
+        SHRINE = "shrine", "shrine (神社)"
+        STATION = "station", "station (駅)"
+        IZAKAYA = "izakaya", "izakaya (居酒屋)"
+        SENTO = "sento", "bathhouse (銭湯)"
+        HOME = "home", "home (家)"
+
+    town = models.ForeignKey(Town, on_delete=models.CASCADE, related_name="places")
+    name = models.CharField(max_length=60)
+    name_ja = models.CharField(max_length=60, blank=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    description = models.CharField(max_length=200, blank=True)
+    x = models.IntegerField(help_text="Map position, 0..100.")
+    y = models.IntegerField(help_text="Map position, 0..100.")
+    opens_at = models.IntegerField(help_text="Minute of the day; equal to closes_at: always open.")
+    closes_at = models.IntegerField(help_text="Minute of the day; before opens_at: past midnight.")
+    capacity = models.PositiveIntegerField()
+    # [{"item": "blend coffee", "price": 450, "hunger": -5, "energy": 10}, ...]
+    menu = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["town", "name"], name="place_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_home(self) -> bool:
+        return self.kind == self.Kind.HOME
+
+
+class Resident(models.Model):
+    town = models.ForeignKey(Town, on_delete=models.CASCADE, related_name="residents")
+    name = models.CharField(max_length=60)
+    age = models.PositiveIntegerField()
+    occupation = models.CharField(max_length=80)
+    personality = models.CharField(max_length=300)
+    likes = models.JSONField(default=list, help_text='e.g. ["café", "music"]')
+    home = models.ForeignKey(Place, on_delete=models.PROTECT, related_name="household")
+    workplace = models.ForeignKey(
+        Place, on_delete=models.SET_NULL, null=True, blank=True, related_name="staff"
+    )
+    wage_per_hour = models.PositiveIntegerField(default=0)
+    # Starting state; each Run copies it into a ResidentState.
+    money = models.IntegerField()
+    hunger = models.IntegerField(help_text="0 full .. 100 starving")
+    energy = models.IntegerField(help_text="0 exhausted .. 100 rested")
+    visits = models.JSONField(default=dict, help_text="{place id: times visited}")
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["town", "name"], name="resident_name_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(models.Model):
+    class Layout(models.TextChoices):
+        NAIVE = "naive"
+        SHARED_HEAD = "shared_head"
+        SHARED_HEAD_SCHEMA_ONLY = "shared_head_schema_only"
+
+    class Status(models.TextChoices):
+        CREATED = "created"
+        RUNNING = "running"
+        PAUSED = "paused"
+        STOPPED = "stopped"
+        FINISHED = "finished"
+
+    town = models.ForeignKey(Town, on_delete=models.CASCADE, related_name="runs")
+    layout = models.CharField(max_length=30, choices=Layout.choices, default=Layout.SHARED_HEAD)
+    model = models.CharField(max_length=100, help_text="The model the nodes serve.")
+    nodes = models.JSONField(default=list, help_text="Inference node names, decisions spread.")
+    concurrency = models.PositiveIntegerField(default=4, help_text="Decisions in flight at most.")
+    retention_interval = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Prefix-cache retention interval in tokens (None: dense)."
+    )
+    seed = models.IntegerField(default=0)
+    temperature = models.FloatField(default=0.0)
+    max_tokens = models.PositiveIntegerField(default=160)
+    start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")
+    minutes_per_tick = models.PositiveIntegerField(default=120)
+    decision_timeout_s = models.FloatField(default=600.0)
+    ticks_target = models.PositiveIntegerField(null=True, blank=True, help_text="None: no end.")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.CREATED)
+    num_ticks_done = models.PositiveIntegerField(default=0)
+    num_steps_pending = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.layout}, {self.status})"
+
+
+class ResidentState(models.Model):
+    """A resident's live state within one run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resident_states")
+    resident = models.ForeignKey(Resident, on_delete=models.CASCADE, related_name="states")
+    place = models.ForeignKey(Place, on_delete=models.PROTECT, related_name="+")
+    money = models.IntegerField()
+    hunger = models.IntegerField()
+    energy = models.IntegerField()
+    visits = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["resident_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "resident"], name="resident_state_unique")
+        ]
+
+
+class Memory(models.Model):
+    """What a resident saw and did. run None: a background memory every run starts with."""
+
+    resident = models.ForeignKey(Resident, on_delete=models.CASCADE, related_name="memories")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, null=True, blank=True, related_name="memories"
+    )
+    tick_index = models.IntegerField(null=True, blank=True)
+    text = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]  # recent first
+
+
+class Tick(models.Model):
+    class Status(models.TextChoices):
+        DECIDING = "deciding"
+        DONE = "done"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ticks")
+    index = models.PositiveIntegerField()
+    day = models.PositiveIntegerField()
+    minute_of_day = models.PositiveIntegerField()
+    phase = models.CharField(max_length=10)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DECIDING)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="tick_index_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} tick {self.index}"
+
+
+class Decision(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"  # created, not yet sent to a node
+        QUEUED = "queued"  # on the node's queue
+        RUNNING = "running"  # a worker has it
+        COMPUTED = "computed"  # the engine answered; waits to be applied
+        FAILED = "failed"  # the engine refused or kept failing
+        TIMED_OUT = "timed_out"  # no answer within the run's decision_timeout_s
+        APPLIED = "applied"  # applied to the town (valid or not)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="decisions")
+    tick = models.ForeignKey(Tick, on_delete=models.CASCADE, related_name="decisions")
+    resident = models.ForeignKey(Resident, on_delete=models.CASCADE, related_name="decisions")
+    node = models.CharField(max_length=60)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    # The prompt: chat messages (shared sections carry "cache": True), its hashes, the schema.
+    messages = models.JSONField()
+    prompt_hash = models.CharField(max_length=64)
+    head_hash = models.CharField(max_length=64, blank=True, help_text="Of the shared sections.")
+    json_schema = models.JSONField()
+    resident_state = models.JSONField(help_text="The resident's state as the prompt saw it.")
+    # The answer and what the town made of it.
+    raw_output = models.TextField(blank=True)
+    output_token_ids = models.JSONField(default=list, blank=True)
+    finish_reason = models.CharField(max_length=20, blank=True)
+    action = models.CharField(max_length=20, blank=True)
+    target = models.CharField(max_length=100, blank=True)
+    reason = models.CharField(max_length=300, blank=True)
+    valid = models.BooleanField(null=True)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started it.")
+    retries = models.PositiveIntegerField(default=0, help_text="Attempts after the first.")
+    worker = models.CharField(max_length=200, blank=True)
+    # Engine metrics (vLLM definitions), as the engine reported them.
+    num_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    num_cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    num_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    lost_tokens = models.JSONField(default=dict, blank=True, help_text="{reason: tokens}")
+    queue_s = models.FloatField(null=True, blank=True)
+    prefill_s = models.FloatField(null=True, blank=True)
+    decode_s = models.FloatField(null=True, blank=True)
+    ttft_s = models.FloatField(null=True, blank=True)
+    engine_e2e_s = models.FloatField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True, help_text="Everything, as reported.")
+    # The app's own timeline: dispatch → computed is the app's end-to-end latency.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    computed_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    app_e2e_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tick_id", "resident_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tick", "resident"], name="decision_per_tick_unique")
+        ]
+        indexes = [models.Index(fields=["run", "status"])]
+
+    def __str__(self) -> str:
+        return f"decision {self.pk} ({self.resident_id} @ tick {self.tick_id}: {self.status})"
