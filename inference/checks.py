@@ -10,9 +10,8 @@ from inference.nodes import node_names_problems
 
 @register()
 def inference_settings_check(app_configs: object, **kwargs: object) -> list[Error]:
-    errors = [
-        Error(problem, id="inference.E001") for problem in node_names_problems(settings.INFERENCE_NODES)
-    ]
+    problems = node_names_problems(settings.INFERENCE_NODES)
+    errors = [Error(problem, id="inference.E001") for problem in problems]
     if not isinstance(settings.INFERENCE_ENGINE, dict):
         errors.append(
             Error(

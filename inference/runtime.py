@@ -30,7 +30,8 @@ def engine_config_from_settings() -> EngineConfig:
     kwargs = settings.INFERENCE_ENGINE
     if not isinstance(kwargs, dict):
         raise ImproperlyConfigured(
-            f"INFERENCE_ENGINE must be a dict of EngineConfig arguments, got {type(kwargs).__name__}"
+            "INFERENCE_ENGINE must be a dict of EngineConfig arguments, "
+            f"got {type(kwargs).__name__}"
         )
     known = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(kwargs) - known)

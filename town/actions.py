@@ -26,9 +26,7 @@ def action_options(world: World, resident: ResidentView) -> dict[str, list[str]]
     here = world.place(resident.place_id)
     here_open = here.is_open(world.clock)
     options: dict[str, list[str]] = {
-        "go": [
-            p.name for p in world.places if p.id != here.id and world.can_enter(resident, p)
-        ],
+        "go": [p.name for p in world.places if p.id != here.id and world.can_enter(resident, p)],
         "stay": [here.name] if here_open else [],
         "buy": [i.item for i in here.menu if i.price <= resident.money] if here_open else [],
         "talk": [r.name for r in world.occupants(here.id) if r.id != resident.id],

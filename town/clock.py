@@ -59,4 +59,9 @@ def is_open_at(*, opens_at: int, closes_at: int, minute_of_day: int) -> bool:
 def hours_label(*, opens_at: int, closes_at: int) -> str:
     if opens_at == closes_at:
         return "always open"
-    return f"{minutes_to_hhmm(opens_at)}-{minutes_to_hhmm(closes_at)}"
+    return f"{_short_time(opens_at)}-{_short_time(closes_at)}"
+
+
+def _short_time(minute_of_day: int) -> str:
+    hours, minutes = divmod(minute_of_day, 60)
+    return f"{hours}" if minutes == 0 else f"{hours}:{minutes:02d}"

@@ -111,11 +111,16 @@ class Run(models.Model):
     max_tokens = models.PositiveIntegerField(default=160)
     start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")
     minutes_per_tick = models.PositiveIntegerField(default=120)
-    decision_timeout_s = models.FloatField(default=600.0)
+    decision_timeout_s = models.FloatField(
+        default=1200.0, help_text="A decision not answered by then: timed out, resident stays."
+    )
     ticks_target = models.PositiveIntegerField(null=True, blank=True, help_text="None: no end.")
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.CREATED)
     num_ticks_done = models.PositiveIntegerField(default=0)
     num_steps_pending = models.PositiveIntegerField(default=0)
+    # Who advances the run now (a tick_loop or run_town process) and until when.
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -23,7 +23,8 @@ class KVCacheBlock:
     next_free: KVCacheBlock | None = None
 
     def __repr__(self) -> str:
-        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+        cached = self.block_hash is not None
+        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={cached})"
 
 
 class FreeBlockQueue:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 _ARRAY_KEYS_KEPT_AS_LISTS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")

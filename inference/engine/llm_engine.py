@@ -261,6 +261,4 @@ class LLMEngine:
 def _is_single_prompt(prompts: Any) -> bool:
     if isinstance(prompts, str):
         return True
-    if isinstance(prompts, list) and prompts and isinstance(prompts[0], (int, dict)):
-        return True
-    return False
+    return isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (int, dict))

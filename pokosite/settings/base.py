@@ -3,7 +3,7 @@
 Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
-POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP (the launcher's own: see pokosite/launcher.py).
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP. The launcher's own: pokosite/launcher.py.
 """
 
 from __future__ import annotations
@@ -101,9 +101,7 @@ TEMPLATES = [
 
 # SQLite by default; DATABASE_URL (postgres://user@host:5432/name) for PostgreSQL.
 DATABASES = {
-    "default": dj_database_url.config(
-        default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}", conn_max_age=0
-    )
+    "default": dj_database_url.config(default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}", conn_max_age=0)
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server, the workers and the tick loop write at once: WAL lets readers go on

@@ -25,3 +25,53 @@ def smollm2_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_metadata(smollm2_gguf_path: Path) -> dict[str, Any]:
     return read_metadata(open_gguf(smollm2_gguf_path))
+
+
+# - `tiny_engine` / `tiny_engine_uncached`: LLMEngine on "smollm2-tiny-random" (the real
+#   tokenizer and chat template, a 2-layer random-weight llama), prefix caching on / off.
+#   Shared by the session: tests must not depend on what is or is not cached from earlier
+#   tests unless they use a fresh `cache_salt`.
+# - `smollm2_engine`: the real model, loaded once (`real_model` tests only).
+
+
+def _engine(**overrides):
+    from inference.engine import EngineConfig, LLMEngine
+
+    config = dict(model="smollm2-tiny-random", num_kv_blocks=256, max_num_batched_tokens=64)
+    config.update(overrides)
+    return LLMEngine(EngineConfig(**config))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    engine = _engine()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_uncached():
+    engine = _engine(enable_prefix_caching=False)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_engine():
+    """Build a tiny engine with overrides (e.g. num_kv_blocks=8); shut down at session end."""
+    engines = []
+
+    def make(**overrides):
+        engines.append(_engine(**overrides))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    engine = _engine(model="smollm2-135m-instruct", max_num_batched_tokens=512, num_kv_blocks=None)
+    yield engine
+    engine.shutdown()

@@ -1,0 +1,162 @@
+"""The settings modules: environment parsing, the pieces Celery and Channels read, production's
+refusals. Settings modules are imported in a fresh interpreter so the environment is the test's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_DUMP = """
+import json, os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pokosite.settings.base")
+import django
+django.setup()
+from django.conf import settings as s
+from pokosite.celery import app
+print(json.dumps({
+    "INSTALLED_APPS": s.INSTALLED_APPS,
+    "DATABASE": {k: str(v) for k, v in s.DATABASES["default"].items() if k in ("ENGINE", "NAME")},
+    "REDIS_URL": s.REDIS_URL,
+    "broker": app.conf.broker_url,
+    "backend": app.conf.result_backend,
+    "acks_late": app.conf.task_acks_late,
+    "reject_on_worker_lost": app.conf.task_reject_on_worker_lost,
+    "prefetch": app.conf.worker_prefetch_multiplier,
+    "track_started": app.conf.task_track_started,
+    "default_queue": app.conf.task_default_queue,
+    "visibility_timeout": app.conf.broker_transport_options["visibility_timeout"],
+    "channel_hosts": s.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"],
+    "INFERENCE_NODES": s.INFERENCE_NODES,
+    "INFERENCE_ENGINE": s.INFERENCE_ENGINE,
+    "DEBUG": s.DEBUG,
+}))
+"""
+
+_ENV_NAMES = (
+    "REDIS_URL", "DATABASE_URL", "POKOMACHI_NODES", "POKOMACHI_MODEL", "POKOMACHI_DEVICE",
+    "POKOMACHI_VAR_DIR", "POKOMACHI_TEST_DB_NAME", "POKOMACHI_TEST_REDIS_URL",
+    "POKOMACHI_SECRET_KEY", "POKOMACHI_ALLOWED_HOSTS", "POKOMACHI_VISIBILITY_TIMEOUT",
+    "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE",
+)  # fmt: skip
+
+
+def settings_load(module: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in _ENV_NAMES}
+    return subprocess.run(
+        [sys.executable, "-c", _DUMP],
+        cwd=REPO_ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": module, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def settings_dump(module: str, **env: str) -> dict:
+    result = settings_load(module, **env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_base_defaults_are_the_embedded_setup(tmp_path):
+    dumped = settings_dump("pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path))
+    assert dumped["INSTALLED_APPS"][0] == "daphne"
+    for app in ("channels", "rest_framework", "drf_spectacular"):
+        assert app in dumped["INSTALLED_APPS"]
+    assert dumped["DATABASE"] == {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(tmp_path / "db.sqlite3"),
+    }
+    assert dumped["REDIS_URL"] == "redis://127.0.0.1:6379/0"
+    assert dumped["broker"] == dumped["backend"] == dumped["REDIS_URL"]
+    assert dumped["channel_hosts"] == [dumped["REDIS_URL"]]
+    assert dumped["acks_late"] is True
+    assert dumped["reject_on_worker_lost"] is True
+    assert dumped["prefetch"] == 1
+    assert dumped["track_started"] is True
+    assert dumped["INFERENCE_NODES"] == ["local"]
+    assert dumped["default_queue"] == "local"
+    assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-135m-instruct", "device": "cpu"}
+
+
+def test_base_reads_the_environment(tmp_path):
+    dumped = settings_dump(
+        "pokosite.settings.base",
+        POKOMACHI_VAR_DIR=str(tmp_path),
+        REDIS_URL="redis://10.0.0.5:6380/2",
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/pokomachi",
+        POKOMACHI_NODES=" spark-a, spark-b ,",
+        POKOMACHI_MODEL="smollm2-tiny-random",
+        POKOMACHI_DEVICE="cuda:1",
+        POKOMACHI_VISIBILITY_TIMEOUT="60",
+        POKOMACHI_DEBUG="off",
+    )
+    assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
+    assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
+    assert dumped["channel_hosts"] == ["redis://10.0.0.5:6380/2"]
+    assert dumped["INFERENCE_NODES"] == ["spark-a", "spark-b"]
+    assert dumped["default_queue"] == "spark-a"
+    assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-tiny-random", "device": "cuda:1"}
+    assert dumped["visibility_timeout"] == 60
+    assert dumped["DEBUG"] is False
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("POKOMACHI_DEBUG", "maybe", "POKOMACHI_DEBUG='maybe': use one of"),
+        ("POKOMACHI_VISIBILITY_TIMEOUT", "soon", "must be a whole number"),
+    ],
+)
+def test_base_rejects_bad_values_saying_which(tmp_path, name, value, message):
+    result = settings_load("pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path), **{name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_production_refuses_to_start_without_secrets(tmp_path):
+    result = settings_load("pokosite.settings.production", POKOMACHI_VAR_DIR=str(tmp_path))
+    assert result.returncode != 0
+    assert "POKOMACHI_SECRET_KEY must be set in production" in result.stderr
+    result = settings_load(
+        "pokosite.settings.production", POKOMACHI_VAR_DIR=str(tmp_path), POKOMACHI_SECRET_KEY="x"
+    )
+    assert "POKOMACHI_ALLOWED_HOSTS must be set in production" in result.stderr
+
+
+def test_production_with_secrets(tmp_path):
+    dumped = settings_dump(
+        "pokosite.settings.production",
+        POKOMACHI_VAR_DIR=str(tmp_path),
+        POKOMACHI_SECRET_KEY="s3cret",
+        POKOMACHI_ALLOWED_HOSTS="town.example.com",
+    )
+    assert dumped["DEBUG"] is False
+
+
+def test_test_settings_share_a_file_database_and_redis_db_15():
+    # A file, so worker processes started by tests open the same test database.
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        assert db["TEST"]["NAME"] == db["NAME"]
+        assert ":memory:" not in str(db["NAME"])
+    assert settings.REDIS_URL == os.environ.get(
+        "POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
+    )
+    assert settings.CELERY_BROKER_URL == settings.REDIS_URL
+
+
+def test_a_child_told_the_test_database_uses_it(tmp_path):
+    dumped = settings_dump(
+        "pokosite.settings.test", POKOMACHI_TEST_DB_NAME=str(tmp_path / "shared.sqlite3")
+    )
+    assert dumped["DATABASE"]["NAME"] == str(tmp_path / "shared.sqlite3")
+    assert dumped["INFERENCE_ENGINE"]["model"] == "smollm2-tiny-random"

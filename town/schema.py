@@ -1,0 +1,43 @@
+"""The JSON schema of one decision, built from live state.
+
+One case per action the resident can take now, each with the targets it allows: the model,
+decoding under this schema, cannot name a closed or non-existent place, an item it cannot
+afford, or a person who is not there. `reason` is short plain text, so the output stays within
+a few dozen tokens (`DECISION_MAX_TOKENS` leaves room for the longest).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+REASON_MAX_CHARS = 80
+# ASCII letters, digits and basic punctuation: one token per character at worst, no escapes.
+REASON_PATTERN = rf"^[A-Za-z0-9 ,.!?'-]{{1,{REASON_MAX_CHARS}}}$"
+# {"action":"...","target":"...","reason":"..."}: ~20 tokens of keys and punctuation, a target
+# name of up to ~20 tokens, the reason at most REASON_MAX_CHARS tokens.
+DECISION_MAX_TOKENS = 20 + 20 + REASON_MAX_CHARS + 20
+
+# The pattern bounds the length (xgrammar ignores maxLength next to a pattern).
+REASON_SCHEMA: dict[str, Any] = {"type": "string", "pattern": REASON_PATTERN}
+
+
+def decision_schema(options: dict[str, list[str]]) -> dict[str, Any]:
+    """`options` (action → allowed targets, from `actions.action_options`) as a JSON schema."""
+    if not options:
+        raise ValueError("a decision needs at least one possible action; options is empty")
+    cases = [
+        {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "const": action},
+                "target": {"type": "string", "enum": list(targets)},
+                "reason": REASON_SCHEMA,
+            },
+            "required": ["action", "target", "reason"],
+            "additionalProperties": False,
+        }
+        for action, targets in options.items()
+    ]
+    if len(cases) == 1:
+        return {"title": "Decision", **cases[0]}
+    return {"title": "Decision", "anyOf": cases}

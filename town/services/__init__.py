@@ -1,0 +1,46 @@
+"""The town's business logic, as keyword-only services (HackSoft style).
+
+runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, compute,
+time out and apply one resident's decision.
+"""
+
+from town.services.decisions import (
+    decision_apply,
+    decision_compute,
+    decision_dispatch,
+    decision_fail,
+    decision_parse,
+    decision_time_out,
+)
+from town.services.runs import (
+    run_create,
+    run_lease_release,
+    run_lease_take,
+    run_pause,
+    run_resume,
+    run_start,
+    run_step,
+    run_stop,
+    served_model,
+)
+from town.services.ticks import tick_begin, tick_finish
+
+__all__ = [
+    "decision_apply",
+    "decision_compute",
+    "decision_dispatch",
+    "decision_fail",
+    "decision_parse",
+    "decision_time_out",
+    "run_create",
+    "run_lease_release",
+    "run_lease_take",
+    "run_pause",
+    "run_resume",
+    "run_start",
+    "run_step",
+    "run_stop",
+    "served_model",
+    "tick_begin",
+    "tick_finish",
+]

@@ -1,0 +1,200 @@
+"""Decision services: dispatch to a node, compute on the engine (inside the node's worker), time
+out, and apply to the town.
+
+Computing stores the raw output and every metric and nothing else; parsing, checking and
+applying happen in the tick, in resident order, so a tick's outcome does not depend on which
+decision came back first. A decision delivered twice (its worker died, the broker handed the
+message out again) is computed by whichever delivery gets there first; the other is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+from django.db import transaction
+from django.utils import timezone
+
+from inference.errors import CompletionInputError
+from inference.services import Completion, completion_generate
+from town.actions import action_problem
+from town.effects import Note, action_apply
+from town.models import Decision
+from town.world import World
+
+logger = logging.getLogger(__name__)
+
+D = Decision.Status
+IN_FLIGHT = (D.QUEUED, D.RUNNING)
+COMPUTABLE = (D.PENDING, D.QUEUED, D.RUNNING)
+ANSWERED = (D.COMPUTED, D.FAILED, D.TIMED_OUT)
+
+DecisionSend = Callable[[int, str], None]  # (decision id, node) → puts it on the node's way
+
+
+def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
+    """Mark the decision queued and send it once the transaction commits."""
+    with transaction.atomic():
+        decision.status = D.QUEUED
+        decision.dispatched_at = timezone.now()
+        decision.save(update_fields=["status", "dispatched_at"])
+        decision_id, node = decision.pk, decision.node
+        transaction.on_commit(lambda: send(decision_id, node))
+    return decision
+
+
+def _decision_seed(decision: Decision) -> int | None:
+    run = decision.run
+    if run.temperature == 0:
+        return None
+    return (run.seed * 1_000_003 + decision.tick.index * 10_007 + decision.resident_id) % 2**31
+
+
+def _decision_begin(*, decision_id: int, worker: str) -> Decision | None:
+    """Count the attempt; None if the decision is gone or already answered."""
+    with transaction.atomic():
+        decision = Decision.objects.select_for_update().filter(pk=decision_id).first()
+        if decision is None:
+            logger.warning("decision %s no longer exists; dropping its task", decision_id)
+            return None
+        if decision.status not in COMPUTABLE:
+            logger.info(
+                "decision %s is %s already; dropping this delivery", decision_id, decision.status
+            )
+            return None
+        decision.attempts += 1
+        decision.retries = decision.attempts - 1
+        decision.status = D.RUNNING
+        decision.started_at = timezone.now()
+        decision.worker = worker
+        decision.save(update_fields=["attempts", "retries", "status", "started_at", "worker"])
+    if decision.retries:
+        logger.info("decision %s: attempt %s (retried)", decision_id, decision.attempts)
+    return decision
+
+
+def _lost_tokens(metrics: dict[str, Any]) -> dict[str, int]:
+    """The engine's lost-token counts by reason (keys `lost_<reason>` or a `lost_tokens` dict)."""
+    lost: dict[str, int] = {}
+    for key, value in metrics.items():
+        if not key.startswith("lost"):
+            continue
+        if isinstance(value, dict):
+            lost.update({str(k): int(v) for k, v in value.items()})
+        elif isinstance(value, (int, float)):
+            lost[key.removeprefix("lost_").removeprefix("tokens_") or key] = int(value)
+    return lost
+
+
+def _metric_fields(completion: Completion) -> dict[str, Any]:
+    m = completion.metrics
+    return {
+        "raw_output": completion.text,
+        "output_token_ids": list(completion.token_ids),
+        "finish_reason": completion.finish_reason,
+        "num_prompt_tokens": m.get("num_prompt_tokens", completion.num_prompt_tokens),
+        "num_cached_tokens": m.get("num_cached_tokens"),
+        "num_output_tokens": m.get("num_output_tokens", len(completion.token_ids)),
+        "lost_tokens": _lost_tokens(m),
+        "queue_s": m.get("queue_s"),
+        "prefill_s": m.get("prefill_s"),
+        "decode_s": m.get("decode_s"),
+        "ttft_s": m.get("ttft_s"),
+        "engine_e2e_s": m.get("e2e_s"),
+        "metrics": dict(m),
+    }
+
+
+def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
+    """Store the answer if nobody answered first (a twin delivery, the tick's timeout)."""
+    now = timezone.now()
+    app_e2e_s = (now - decision.dispatched_at).total_seconds() if decision.dispatched_at else None
+    stored = Decision.objects.filter(pk=decision.pk, status__in=COMPUTABLE).update(
+        status=status, computed_at=now, app_e2e_s=app_e2e_s, **fields
+    )
+    if not stored:
+        logger.info("decision %s was answered already; this answer is dropped", decision.pk)
+    return stored == 1
+
+
+def decision_compute(*, decision_id: int, worker: str = "") -> bool:
+    """Run the decision's prompt on this process's engine and store output and metrics.
+
+    True if this call stored the answer. Engine errors other than bad input propagate, so the
+    Celery task can retry them.
+    """
+    decision = _decision_begin(decision_id=decision_id, worker=worker)
+    if decision is None:
+        return False
+    run = decision.run
+    try:
+        completion = completion_generate(
+            messages=decision.messages,
+            json_schema=decision.json_schema,
+            max_tokens=run.max_tokens,
+            temperature=run.temperature,
+            seed=_decision_seed(decision),
+            # Runs do not share cached prefixes, so each run's numbers are its own.
+            cache_salt=f"run-{run.pk}",
+        )
+    except CompletionInputError as exc:
+        return _decision_answer(decision=decision, status=D.FAILED, error=f"engine refused: {exc}")
+    return _decision_answer(decision=decision, status=D.COMPUTED, **_metric_fields(completion))
+
+
+def decision_fail(*, decision_id: int, error: str) -> bool:
+    """Give up on a decision (its task kept failing); the resident will stay put."""
+    decision = Decision.objects.filter(pk=decision_id).first()
+    if decision is None:
+        return False
+    return _decision_answer(decision=decision, status=D.FAILED, error=error)
+
+
+def decision_time_out(*, decision: Decision) -> bool:
+    return _decision_answer(
+        decision=decision,
+        status=D.TIMED_OUT,
+        error=f"no answer within {decision.run.decision_timeout_s:g} s; the resident stays put",
+    )
+
+
+def decision_parse(*, decision: Decision) -> tuple[dict[str, Any] | None, str]:
+    """The decision's JSON if it is valid within its schema, else (None, what is wrong)."""
+    if decision.status != D.COMPUTED:
+        return None, decision.error or f"no answer ({decision.status})"
+    if decision.finish_reason == "length":
+        return None, f"output cut off at max_tokens ({decision.run.max_tokens}): raise max_tokens"
+    try:
+        value = json.loads(decision.raw_output)
+    except json.JSONDecodeError as exc:
+        return None, f"output is not JSON: {exc}"
+    try:
+        jsonschema.validate(value, decision.json_schema)
+    except jsonschema.ValidationError as exc:
+        return None, f"output is outside the decision schema: {exc.message}"
+    return value, ""
+
+
+def decision_apply(*, world: World, decision: Decision) -> list[Note]:
+    """Check the decision against the town as it is now and apply it; an impossible action is
+    recorded on the decision and the resident stays put. Saves the decision."""
+    resident = world.resident(decision.resident_id)
+    value, error = decision_parse(decision=decision)
+    notes: list[Note] = []
+    if value is not None:
+        decision.action, decision.target = value["action"], value["target"]
+        decision.reason = value.get("reason", "")
+        error = action_problem(world, resident, decision.action, decision.target) or ""
+        if not error:
+            notes = action_apply(world, resident, decision.action, decision.target, decision.reason)
+    decision.valid = not error
+    decision.error = error
+    decision.status = D.APPLIED if decision.status == D.COMPUTED else decision.status
+    decision.applied_at = timezone.now()
+    decision.save(
+        update_fields=["action", "target", "reason", "valid", "error", "status", "applied_at"]
+    )
+    return notes

@@ -1,0 +1,175 @@
+"""Run services: create a run and control it (start, pause, resume, step, stop), and the lease
+that makes sure only one process advances a run at a time."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from inference.errors import UnknownNodeError
+from inference.nodes import node_names, node_require
+from town.errors import RunStateError, TownError
+from town.models import Resident, ResidentState, Run, Town
+from town.prompts import LAYOUTS
+
+S = Run.Status
+
+
+def served_model() -> str:
+    """The model this deployment's nodes serve (settings.INFERENCE_ENGINE, env POKOMACHI_MODEL)."""
+    return settings.INFERENCE_ENGINE["model"]
+
+
+def default_decision_timeout_s() -> float:
+    """Longer than the broker takes to hand a dead worker's decision to another worker (its
+    visibility timeout, then a restore sweep), so such a decision is retried, not timed out."""
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
+    return float(options.get("visibility_timeout", 3600)) + 300.0
+
+
+@transaction.atomic
+def run_create(
+    *,
+    town: Town,
+    layout: str = Run.Layout.SHARED_HEAD,
+    nodes: list[str] | None = None,
+    concurrency: int = 4,
+    seed: int = 0,
+    ticks_target: int | None = None,
+    retention_interval: int | None = None,
+    temperature: float = 0.0,
+    minutes_per_tick: int = 120,
+    decision_timeout_s: float | None = None,
+    model: str | None = None,
+) -> Run:
+    """A new run of `town`, every resident at home with their starting state."""
+    if decision_timeout_s is None:
+        decision_timeout_s = default_decision_timeout_s()
+    if layout not in LAYOUTS:
+        raise TownError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if concurrency < 1:
+        raise TownError(f"concurrency must be at least 1 decision in flight, got {concurrency}")
+    if ticks_target is not None and ticks_target < 1:
+        raise TownError(f"ticks_target must be at least 1 (or None: no end), got {ticks_target}")
+    if minutes_per_tick < 1:
+        raise TownError(f"minutes_per_tick must be at least 1, got {minutes_per_tick}")
+    if decision_timeout_s <= 0:
+        raise TownError(f"decision_timeout_s must be positive, got {decision_timeout_s}")
+    if not 0 <= temperature <= 2:
+        raise TownError(f"temperature must be within 0..2 (0: greedy), got {temperature}")
+    nodes = list(nodes) if nodes else node_names()
+    try:
+        nodes = [node_require(name) for name in nodes]
+    except UnknownNodeError as exc:
+        raise TownError(str(exc)) from exc
+    if model is not None and model != served_model():
+        raise TownError(
+            f"this deployment's nodes serve {served_model()!r}, not {model!r}: set "
+            f"POKOMACHI_MODEL={model} and restart the workers, or leave the model out"
+        )
+    residents = list(Resident.objects.filter(town=town).order_by("id"))
+    if not residents:
+        raise TownError(f"town {town.name!r} has no residents; seed it with seed_town")
+    run = Run.objects.create(
+        town=town,
+        layout=layout,
+        model=served_model(),
+        nodes=nodes,
+        concurrency=concurrency,
+        seed=seed,
+        ticks_target=ticks_target,
+        retention_interval=retention_interval,
+        temperature=temperature,
+        minutes_per_tick=minutes_per_tick,
+        decision_timeout_s=decision_timeout_s,
+    )
+    ResidentState.objects.bulk_create(
+        ResidentState(
+            run=run,
+            resident=r,
+            place_id=r.home_id,
+            money=r.money,
+            hunger=r.hunger,
+            energy=r.energy,
+            visits=dict(r.visits),
+        )
+        for r in residents
+    )
+    return run
+
+
+def _locked(run: Run) -> Run:
+    return Run.objects.select_for_update().get(pk=run.pk)
+
+
+def _require(run: Run, allowed: tuple[str, ...], verb: str, hint: str) -> None:
+    if run.status not in allowed:
+        raise RunStateError(f"cannot {verb} run {run.pk}: it is {run.status}; {hint}")
+
+
+def _save(run: Run, *fields: str) -> Run:
+    run.save(update_fields=["status", *fields])
+    return run
+
+
+@transaction.atomic
+def run_start(*, run: Run) -> Run:
+    run = _locked(run)
+    _require(run, (S.CREATED,), "start", "a paused or stopped run is resumed, not started")
+    run.status, run.started_at = S.RUNNING, timezone.now()
+    return _save(run, "started_at")
+
+
+@transaction.atomic
+def run_pause(*, run: Run) -> Run:
+    """Pause after the tick in progress; a paused run can be stepped or resumed."""
+    run = _locked(run)
+    _require(run, (S.RUNNING,), "pause", "only a running run can be paused")
+    run.status = S.PAUSED
+    return _save(run)
+
+
+@transaction.atomic
+def run_resume(*, run: Run) -> Run:
+    """Run again from the last complete tick (a tick left half-done is finished first)."""
+    run = _locked(run)
+    _require(run, (S.PAUSED, S.STOPPED), "resume", "start a created run; a finished one is done")
+    run.status, run.num_steps_pending = S.RUNNING, 0
+    return _save(run, "num_steps_pending")
+
+
+@transaction.atomic
+def run_step(*, run: Run) -> Run:
+    """One more tick, then paused again."""
+    run = _locked(run)
+    _require(run, (S.CREATED, S.PAUSED, S.STOPPED), "step", "pause a running run first")
+    run.status = S.PAUSED
+    run.num_steps_pending += 1
+    run.started_at = run.started_at or timezone.now()
+    return _save(run, "num_steps_pending", "started_at")
+
+
+@transaction.atomic
+def run_stop(*, run: Run) -> Run:
+    """Stop after the tick in progress; a stopped run can be resumed later."""
+    run = _locked(run)
+    _require(run, (S.CREATED, S.RUNNING, S.PAUSED), "stop", "it is not going")
+    run.status, run.num_steps_pending = S.STOPPED, 0
+    return _save(run, "num_steps_pending")
+
+
+def run_lease_take(*, run: Run, owner: str, seconds: float) -> bool:
+    """Take (or renew) the right to advance `run` for `seconds`; False if another holds it."""
+    now = timezone.now()
+    free = Q(lease_owner=owner) | Q(lease_owner="") | Q(lease_expires_at__lt=now)
+    expires = now + dt.timedelta(seconds=seconds)
+    taken = Run.objects.filter(free, pk=run.pk).update(lease_owner=owner, lease_expires_at=expires)
+    return taken == 1
+
+
+def run_lease_release(*, run: Run, owner: str) -> None:
+    Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_owner="", lease_expires_at=None)

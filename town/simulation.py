@@ -1,0 +1,138 @@
+"""The tick loop: one tick fans out one decision per resident, at most `concurrency` in flight,
+waits for the answers (or the run's decision timeout), then applies them in resident order.
+
+Decisions go to the nodes' Celery queues (`tasks.decision_send`). `InlineSend` computes them in
+this process instead, on threads sharing this process's engine — the same service, for
+`run_town --inline` and for tests without a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from town import services
+from town.models import Decision, Run, Tick
+from town.selectors import runs_due, tick_decisions
+from town.services.decisions import ANSWERED, IN_FLIGHT, DecisionSend
+
+logger = logging.getLogger(__name__)
+
+D = Decision.Status
+LEASE_S = 60.0
+
+Progress = Callable[[int], None]  # called with the number of decisions newly answered
+
+
+def lease_owner_name(kind: str) -> str:
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class InlineSend:
+    """Computes decisions on a thread pool in this process (its engine is this process's)."""
+
+    def __init__(self, max_workers: int = 4) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="decision")
+
+    def __call__(self, decision_id: int, node: str) -> None:
+        self._pool.submit(self._compute, decision_id)
+
+    @staticmethod
+    def _compute(decision_id: int) -> None:
+        try:
+            services.decision_compute(decision_id=decision_id, worker=f"inline:{os.getpid()}")
+        except Exception as exc:
+            logger.exception("decision %s failed inline", decision_id)
+            services.decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            connection.close()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _timed_out(decision: Decision, timeout_s: float) -> bool:
+    if decision.dispatched_at is None:
+        return False
+    return (timezone.now() - decision.dispatched_at).total_seconds() > timeout_s
+
+
+def _tick_decide(
+    *,
+    run: Run,
+    tick: Tick,
+    send: DecisionSend,
+    poll_s: float,
+    progress: Progress | None,
+    renew: Callable[[], None],
+) -> None:
+    num_answered_seen = 0
+    while True:
+        decisions = tick_decisions(tick=tick)
+        in_flight = [d for d in decisions if d.status in IN_FLIGHT]
+        for decision in in_flight:
+            if _timed_out(decision, run.decision_timeout_s):
+                logger.warning("decision %s timed out on node %s", decision.pk, decision.node)
+                services.decision_time_out(decision=decision)
+        waiting = [d for d in decisions if d.status == D.PENDING]
+        for decision in waiting[: max(0, run.concurrency - len(in_flight))]:
+            services.decision_dispatch(decision=decision, send=send)
+        num_answered = sum(1 for d in decisions if d.status in ANSWERED)
+        if progress is not None and num_answered > num_answered_seen:
+            progress(num_answered - num_answered_seen)
+        num_answered_seen = num_answered
+        if num_answered == len(decisions) and not waiting:
+            return
+        renew()
+        time.sleep(poll_s)
+
+
+def tick_run(
+    *,
+    run_id: int,
+    send: DecisionSend,
+    owner: str,
+    poll_s: float = 0.2,
+    progress: Progress | None = None,
+) -> Tick | None:
+    """Advance the run by one tick; None if another process holds the run's lease."""
+    run = Run.objects.get(pk=run_id)
+    if not services.run_lease_take(run=run, owner=owner, seconds=LEASE_S):
+        logger.info("run %s is advanced by another process; skipping it", run_id)
+        return None
+
+    def renew() -> None:
+        services.run_lease_take(run=run, owner=owner, seconds=LEASE_S)
+
+    tick = services.tick_begin(run=run)
+    logger.info("run %s: tick %s (day %s %s)", run.pk, tick.index, tick.day, tick.phase)
+    _tick_decide(run=run, tick=tick, send=send, poll_s=poll_s, progress=progress, renew=renew)
+    return services.tick_finish(tick=tick)
+
+
+def loop_forever(*, send: DecisionSend, idle_s: float = 1.0, poll_s: float = 0.2) -> None:
+    """Advance every run that is due, tick by tick, until interrupted (`make run`'s tick loop)."""
+    owner = lease_owner_name("tick_loop")
+    while True:
+        close_old_connections()
+        runs = list(runs_due())
+        if not runs:
+            time.sleep(idle_s)
+            continue
+        for run in runs:
+            try:
+                tick_run(run_id=run.pk, send=send, owner=owner, poll_s=poll_s)
+            except Exception:
+                # One broken run must not stop the town: log it and come back to it later.
+                logger.exception("run %s: the tick failed; retrying after %s s", run.pk, idle_s)
+                time.sleep(idle_s)
+            finally:
+                services.run_lease_release(run=run, owner=owner)

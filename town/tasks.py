@@ -1,0 +1,45 @@
+"""Celery tasks of the town: one decision, computed on the engine of the node whose queue it
+was sent to. An interface only: it takes an id and calls one service.
+
+acks_late: the message is acknowledged after the task ran, so a worker killed mid-decision
+leaves it unacknowledged and the broker hands it out again (after the visibility timeout); the
+Decision counts the attempt as a retry. Other failures are retried twice, then recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from inference.nodes import node_queue
+from town.services import decision_compute as decision_compute_service
+from town.services import decision_fail
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRIES = 2
+
+
+@shared_task(
+    bind=True,
+    name="town.decision_compute",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=MAX_RETRIES,
+)
+def decision_compute(self, decision_id: int) -> bool:
+    try:
+        return decision_compute_service(decision_id=decision_id, worker=self.request.hostname or "")
+    except Exception as exc:
+        if self.request.retries >= MAX_RETRIES:
+            logger.exception("decision %s failed %s times; giving up", decision_id, MAX_RETRIES + 1)
+            decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}")
+            return False
+        logger.warning("decision %s failed (%s); retrying", decision_id, exc)
+        raise self.retry(exc=exc, countdown=1) from exc
+
+
+def decision_send(decision_id: int, node: str) -> None:
+    """Put a decision on its node's queue (the DecisionSend the tick loop uses)."""
+    decision_compute.apply_async(args=[decision_id], queue=node_queue(node))
