@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(PY) -m inference.engine.demo
+	$(PY) -m pokosite.launcher
 
 test: setup
 	$(VENV)/bin/ruff check .

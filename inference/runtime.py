@@ -67,11 +67,12 @@ class _EngineSlot:
     def is_loaded(self) -> bool:
         return self._engine is not None
 
-    def shutdown(self) -> None:
+    def shutdown(self, log: bool = True) -> None:
         with self._lock:
             engine, self._engine = self._engine, None
         if engine is not None:
-            logger.info("shutting the engine down")
+            if log:
+                logger.info("shutting the engine down")
             engine.shutdown()
 
     @staticmethod
@@ -97,7 +98,8 @@ class _EngineSlot:
 
 
 _slot = _EngineSlot()
-atexit.register(_slot.shutdown)
+# At exit the log streams may already be closed (pytest closes its captures): stop quietly.
+atexit.register(_slot.shutdown, log=False)
 
 
 def engine_get() -> LLMEngine:

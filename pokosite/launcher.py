@@ -187,9 +187,10 @@ def children_stop(children: Sequence[Child], output: Output) -> None:
 
 def run_step(name: str, argv: list[str], env: Mapping[str, str], output: Output) -> None:
     """Run a one-off command (migrate, seed) to completion, or LaunchError."""
+    # Its own session too: a Ctrl-C during migrate lets it finish, then the launcher stops.
     process = subprocess.Popen(
         argv, cwd=BASE_DIR, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, bufsize=1,
+        text=True, bufsize=1, start_new_session=True,
     )  # fmt: skip
     assert process.stdout is not None
     for text in process.stdout:
@@ -259,7 +260,7 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
     run_step("migrate", [python, str(MANAGE_PY), "migrate", "--noinput"], env, output)
     if "seed_town" not in commands:
         output.line("launcher", "no seed_town command (town app): not seeding a demo town")
-    elif _town_is_empty():
+    elif not stop.is_set() and _town_is_empty():
         run_step("seed", [python, str(MANAGE_PY), "seed_town"], env, output)
 
     if stop.is_set():

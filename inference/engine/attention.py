@@ -1,8 +1,11 @@
-"""Paged attention, torch reference path (CPU and any device).
+"""Paged attention, torch path (CPU and any device).
 
 The KV cache of a layer is two tensors (num_slots, n_kv_heads, head_dim); a slot is
-block_id * block_size + offset. Per step the runner builds one AttentionMetadata: where the
-new tokens' K/V go, and per sequence which slots form its context.
+block_id * block_size + offset. A sequence attends over two parts, merged by log-sum-exp:
+its cached context (slots written by earlier steps, read in place as views over runs of
+consecutive slots; short scattered runs are gathered once) and its new tokens (this step's
+K/V, causal). Reading the cache in place instead of gathering it into a copy is what keeps
+a decode step close to the weight-read floor on a CPU.
 """
 
 from __future__ import annotations
@@ -12,13 +15,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# Runs shorter than this are gathered together instead of getting an attention call each.
+MIN_VIEW_SLOTS = 64
+
 
 @dataclass(slots=True)
 class SequenceSpan:
     query_start: int  # first row of this sequence in the flattened batch
-    query_len: int
-    context_slots: torch.Tensor  # (context_len,) slots, oldest first, includes the new tokens
-    mask: torch.Tensor | None  # (query_len, context_len) bool, None when not needed
+    query_len: int  # new tokens this step; they come after `num_cached` context tokens
+    num_cached: int
+    view_runs: list[tuple[int, int]]  # [start, end) slot ranges read in place
+    gathered_slots: torch.Tensor | None  # the rest of the cached context's slots
 
 
 @dataclass(slots=True)
@@ -27,14 +34,29 @@ class AttentionMetadata:
     spans: list[SequenceSpan]
 
 
-def causal_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor | None:
-    """Query i (at absolute position context_len - query_len + i) sees keys ≤ its position."""
-    if query_len == 1:
-        return None
-    offset = context_len - query_len
-    rows = torch.arange(query_len, device=device)[:, None] + offset
-    cols = torch.arange(context_len, device=device)[None, :]
-    return cols <= rows  # (query_len, context_len)
+def plan_span(
+    query_start: int,
+    query_len: int,
+    block_ids: list[int],
+    num_cached: int,
+    block_size: int,
+    device: torch.device,
+) -> SequenceSpan:
+    """Split the first `num_cached` context slots into in-place runs and a gathered remainder."""
+    runs: list[tuple[int, int]] = []
+    num_blocks = -(-num_cached // block_size)
+    for block_id in block_ids[:num_blocks]:
+        start = block_id * block_size
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], start + block_size)
+        else:
+            runs.append((start, start + block_size))
+    if runs and num_cached % block_size:  # the last block is only partly context
+        runs[-1] = (runs[-1][0], runs[-1][1] - block_size + num_cached % block_size)
+    view_runs = [run for run in runs if run[1] - run[0] >= MIN_VIEW_SLOTS]
+    rest = [s for a, b in runs if b - a < MIN_VIEW_SLOTS for s in range(a, b)]
+    gathered = torch.tensor(rest, dtype=torch.long, device=device) if rest else None
+    return SequenceSpan(query_start, query_len, num_cached, view_runs, gathered)
 
 
 def write_kv(
@@ -50,22 +72,92 @@ def write_kv(
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
+    q: torch.Tensor,  # (T, n_heads, head_dim)
+    k: torch.Tensor,  # (T, n_kv_heads, head_dim): this step's keys
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # (num_slots, n_kv_heads, head_dim)
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q: (T, n_heads, head_dim) → (T, n_heads, head_dim), each sequence over its own context."""
     out = torch.empty_like(q)
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    n_kv = k.shape[1]
+    group = n_heads // n_kv
     for span in meta.spans:
         rows = slice(span.query_start, span.query_start + span.query_len)
-        qs = q[rows].transpose(0, 1).unsqueeze(0)  # (1, n_heads, q_len, head_dim)
-        ks = k_cache.index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)
-        vs = v_cache.index_select(0, span.context_slots).transpose(0, 1).unsqueeze(0)
-        # ks, vs: (1, n_kv_heads, context_len, head_dim)
-        attn = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=span.mask, scale=scale, enable_gqa=True
-        )  # (1, n_heads, q_len, head_dim)
-        out[rows] = attn[0].transpose(0, 1)
+        qs = q[rows].transpose(0, 1)  # (H, q_len, D)
+        parts = [_causal_part(qs, k[rows], v[rows], group, scale)]
+        if span.num_cached:
+            # Queries of one KV group share keys: fold the group into the query axis.
+            folded = qs.reshape(1, n_kv, group * span.query_len, head_dim)
+            for a, b in span.view_runs:
+                parts.append(_dense_part(folded, k_cache[a:b], v_cache[a:b], scale))
+            if span.gathered_slots is not None:
+                ks = k_cache.index_select(0, span.gathered_slots)
+                vs = v_cache.index_select(0, span.gathered_slots)
+                parts.append(_dense_part(folded, ks, vs, scale))
+        merged = _merge(parts)  # (1, KVH, G*q_len, D)
+        out[rows] = merged.view(n_heads, span.query_len, head_dim).transpose(0, 1)
     return out
+
+
+def _flash(q, k, v, causal: bool, scale: float):
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=scale
+        )
+    return _sdpa_with_lse(q, k, v, causal, scale)
+
+
+def _causal_part(qs, k_new, v_new, group: int, scale: float):
+    """The new tokens over themselves: (H, q_len, D) × (q_len, KVH, D)."""
+    n_heads, q_len, head_dim = qs.shape
+    ks = k_new.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)  # (1, H, q_len, D)
+    vs = v_new.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+    o, lse = _flash(qs.unsqueeze(0), ks, vs, True, scale)  # (1, H, q_len, D), (1, H, q_len)
+    n_kv = n_heads // group
+    return o.reshape(1, n_kv, group * q_len, head_dim), lse.reshape(1, n_kv, group * q_len)
+
+
+def _dense_part(folded, k_ctx, v_ctx, scale: float):
+    """Folded queries (1, KVH, G*q, D) over cached keys (n, KVH, D), no mask."""
+    ks = k_ctx.transpose(0, 1).unsqueeze(0)  # (1, KVH, n, D), a view
+    vs = v_ctx.transpose(0, 1).unsqueeze(0)
+    return _flash(folded, ks, vs, False, scale)
+
+
+def _merge(parts):
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])  # (P, 1, KVH, G*q)
+    weights = torch.softmax(lses, dim=0).unsqueeze(-1)  # exp(lse_i - logsumexp)
+    return (torch.stack([o for o, _ in parts]) * weights).sum(0)
+
+
+def _sdpa_with_lse(q, k, v, causal: bool, scale: float):
+    """Portable version of the flash op: (output, logsumexp) over the last two axes."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (1, heads, q_len, n)
+    if causal:
+        n_q, n_k = scores.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
+
+
+def reference_attention(
+    q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain SDPA over a gathered context (ctx, KVH, D) for queries at its last positions."""
+    q_len, n_ctx = q.shape[0], k_ctx.shape[0]
+    keep = torch.arange(n_ctx)[None, :] <= torch.arange(q_len)[:, None] + (n_ctx - q_len)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k_ctx.transpose(0, 1).unsqueeze(0),
+        v_ctx.transpose(0, 1).unsqueeze(0),
+        attn_mask=keep,
+        scale=scale,
+        enable_gqa=True,
+    )  # (1, H, q_len, D)
+    return out[0].transpose(0, 1)

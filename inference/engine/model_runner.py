@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.attention import AttentionMetadata, SequenceSpan, causal_mask
+from inference.engine.attention import AttentionMetadata, plan_span
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.sampler import sample
@@ -40,8 +40,8 @@ class ModelRunner:
         """Run one step; returns the sampled token of every request whose prompt is done."""
         input_ids: list[int] = []
         positions: list[int] = []
-        slot_mapping: list[torch.Tensor] = []
-        spans: list[SequenceSpan] = []
+        slot_mapping: list[int] = []
+        spans = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
         for scheduled in output.scheduled:
@@ -52,21 +52,22 @@ class ModelRunner:
             query_start = len(input_ids)
             input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
-            slots = self._slots(scheduled.block_ids, end)  # (end,) every slot of the context
-            slot_mapping.append(slots[start:end])
+            slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
             spans.append(
-                SequenceSpan(
-                    query_start=query_start,
-                    query_len=end - start,
-                    context_slots=slots,
-                    mask=causal_mask(end - start, end, self.device),
+                plan_span(
+                    query_start,
+                    end - start,
+                    scheduled.block_ids,
+                    start,
+                    self.block_size,
+                    self.device,
                 )
             )
             if end == request.num_tokens:
                 sampling.append(request)
                 logits_rows.append(len(input_ids) - 1)
 
-        meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+        meta = AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
         logits = self.model(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
@@ -82,7 +83,6 @@ class ModelRunner:
         )
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
 
-    def _slots(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
-        blocks = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        offsets = torch.arange(self.block_size, device=self.device)
-        return (blocks[:, None] * self.block_size + offsets[None, :]).flatten()[:num_tokens]
+    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+        size = self.block_size
+        return [block_ids[p // size] * size + p % size for p in range(start, end)]

@@ -45,7 +45,7 @@ def test_plain_completion(engine):
     assert isinstance(completion, Completion)
     assert 1 <= len(completion.token_ids) <= 8
     assert completion.finish_reason in ("stop", "length")
-    assert completion.text == engine.tokenizer.decode(completion.token_ids) or completion.text
+    assert isinstance(completion.text, str)
     assert completion.num_prompt_tokens == len(engine.tokenizer.apply_chat_template(MESSAGES))
     metrics = completion.metrics
     assert metrics["num_prompt_tokens"] == completion.num_prompt_tokens
@@ -69,8 +69,9 @@ def test_greedy_repeat_is_identical_and_reuses_the_prompt(engine):
     again = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=6, seed=1)
     assert again.token_ids == first.token_ids
     # Same process, same engine: the prompt's full blocks come from the prefix cache.
-    block_size = 16
-    assert again.metrics["num_cached_tokens"] >= (first.num_prompt_tokens - 1) // block_size * 16
+    block_size = engine.config.block_size
+    full_blocks = (first.num_prompt_tokens - 1) // block_size
+    assert again.metrics["num_cached_tokens"] >= full_blocks * block_size > 0
 
 
 def test_cache_salt_keeps_prefixes_apart(engine):
@@ -89,7 +90,7 @@ def test_cache_salt_keeps_prefixes_apart(engine):
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -1.0}, "temperature"),
         ({"json_schema": "not a dict"}, "json_schema must be a dict"),
-        ({"json_schema": {"type": "no-such-type"}}, ""),
+        ({"json_schema": {"type": "no-such-type"}}, "invalid json_schema"),
     ],
 )
 def test_bad_input_is_a_completion_input_error(engine, kwargs, message):

@@ -129,9 +129,7 @@ def test_children_stop_in_waves_and_stubborn_ones_are_killed():
 
 
 def _launcher_start(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[str]:
-    clean = {
-        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")
-    }
+    clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     return subprocess.Popen(
         [sys.executable, "-m", "pokosite.launcher"],
         cwd=REPO_ROOT,

@@ -117,7 +117,9 @@ def test_base_reads_the_environment(tmp_path):
     ],
 )
 def test_base_rejects_bad_values_saying_which(tmp_path, name, value, message):
-    result = settings_load("pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path), **{name: value})
+    result = settings_load(
+        "pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path), **{name: value}
+    )
     assert result.returncode != 0
     assert message in result.stderr
 
@@ -148,9 +150,8 @@ def test_test_settings_share_a_file_database_and_redis_db_15():
     if db["ENGINE"] == "django.db.backends.sqlite3":
         assert db["TEST"]["NAME"] == db["NAME"]
         assert ":memory:" not in str(db["NAME"])
-    assert settings.REDIS_URL == os.environ.get(
-        "POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
-    )
+    expected = os.environ.get("POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    assert expected == settings.REDIS_URL
     assert settings.CELERY_BROKER_URL == settings.REDIS_URL
 
 

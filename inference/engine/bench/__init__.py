@@ -1,0 +1,1 @@
+"""The town-shaped benchmark (`python -m inference.engine.bench`): workload, runs, report."""

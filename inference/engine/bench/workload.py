@@ -249,7 +249,7 @@ def _request(
 
 
 def _memory(rng: random.Random, places: list[dict[str, Any]], hour: int) -> str:
-    when = f"{rng.randint(max(hour - 12, 0), hour):02d}:{rng.randint(0, 59):02d}"
+    when = f"{rng.randint(max(hour - 12, 0), hour - 1):02d}:{rng.randint(0, 59):02d}"
     other = f"{rng.choice(_FIRST_NAMES)} {rng.choice(_FAMILY_NAMES)}"
     place = rng.choice(places)["name"]
     return rng.choice(

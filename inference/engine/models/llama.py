@@ -103,7 +103,7 @@ class LlamaAttention(nn.Module):
         # Every sequence's new K/V is written before any attends: a request may reuse
         # blocks that another request in the same step is computing right now.
         write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

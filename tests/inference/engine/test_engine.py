@@ -62,8 +62,8 @@ def test_prefix_caching_changes_nothing_but_speed(tiny_engine, tiny_engine_uncac
 def test_cached_tokens_equal_the_shared_prefix_rounded_down_to_the_block(tiny_engine):
     salt = uuid.uuid4().hex
     head = list(range(100, 150))  # 50 tokens: 3 full blocks
-    tiny_engine.generate(head + [7, 8, 9], SamplingParams(max_tokens=1, cache_salt=salt))
-    out = tiny_engine.generate(head + [1, 2, 3, 4], SamplingParams(max_tokens=1, cache_salt=salt))
+    tiny_engine.generate([*head, 7, 8, 9], SamplingParams(max_tokens=1, cache_salt=salt))
+    out = tiny_engine.generate([*head, 1, 2, 3, 4], SamplingParams(max_tokens=1, cache_salt=salt))
     assert out[0].metrics.num_cached_tokens == 48
 
 

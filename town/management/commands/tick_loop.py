@@ -7,6 +7,8 @@ import sys
 
 from django.core.management.base import BaseCommand
 
+from town import services
+from town.models import Run, Town
 from town.simulation import loop_forever
 from town.tasks import decision_send
 
@@ -16,8 +18,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--idle", type=float, default=1.0, help="seconds between checks")
+        parser.add_argument(
+            "--no-first-run",
+            action="store_true",
+            help="do not start a run when the database has towns but no run yet",
+        )
 
-    def handle(self, *args, idle: float, **options):
+    def handle(self, *args, idle: float, no_first_run: bool, **options):
+        if not no_first_run:
+            self.first_run_start()
         # SIGTERM as Ctrl-C: leave mid-tick; the open tick is resumed on the next start.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         self.stdout.write("tick loop: waiting for running runs (Ctrl-C stops)")
@@ -25,3 +34,11 @@ class Command(BaseCommand):
             loop_forever(send=decision_send, idle_s=idle)
         except KeyboardInterrupt:
             self.stdout.write("tick loop: stopped")
+
+    def first_run_start(self) -> None:
+        """On a fresh install, start the first town's first run, so `make run` shows a live town."""
+        town = Town.objects.order_by("id").first()
+        if town is None or Run.objects.exists():
+            return
+        run = services.run_start(run=services.run_create(town=town))
+        self.stdout.write(f"tick loop: started run {run.pk} of {town.name} ({run.layout})")

@@ -1,0 +1,197 @@
+"""`python -m inference.engine.bench`: the town-shaped benchmark, engine vs transformers.
+
+Runs, in one process, on the same workload: the engine with prefix caching on (the main
+number), with it off, without the JSON schema, then transformers' `generate`. Each engine run
+gets a fresh engine. Prints a table and the ratios against the issue's targets (`--json`: one
+JSON object). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+
+import torch
+
+from inference.engine import EngineConfig, LLMEngine
+from inference.engine.bench.baseline_transformers import run_transformers
+from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
+from inference.engine.bench.report import format_table, summarize, to_json
+from inference.engine.bench.results import RunResult
+from inference.engine.bench.workload import Workload, build_workload
+
+RUN_NAMES = [*ENGINE_RUNS, "transformers"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m inference.engine.bench", description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--requests", type=int, default=8, help="requests per run")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    parser.add_argument("--head-tokens", type=int, default=1200, help="shared head size")
+    parser.add_argument(
+        "--prompt-tokens", default="1500-2500", help="LOW-HIGH: each prompt's size in tokens"
+    )
+    parser.add_argument("--max-tokens", type=int, default=56, help="output tokens at most")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
+    parser.add_argument(
+        "--runs", default=",".join(RUN_NAMES), help=f"comma-separated subset of {RUN_NAMES}"
+    )
+    parser.add_argument("--skip-baseline", action="store_true", help="no transformers run")
+    parser.add_argument(
+        "--baseline-requests", type=int, default=4, help="requests the (slow) baseline runs"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="engine token budget per step"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.runs = [name.strip() for name in args.runs.split(",") if name.strip()]
+    unknown = sorted(set(args.runs) - set(RUN_NAMES))
+    if unknown or not args.runs:
+        parser.error(f"--runs: unknown {unknown}; choose from {RUN_NAMES}")
+    if args.skip_baseline:
+        args.runs = [name for name in args.runs if name != "transformers"]
+    try:
+        low, high = (int(part) for part in args.prompt_tokens.split("-"))
+    except ValueError:
+        parser.error(f"--prompt-tokens must look like 1500-2500, got {args.prompt_tokens!r}")
+    args.prompt_token_range = (low, high)
+    for flag in ("requests", "concurrency", "max_tokens", "baseline_requests"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    args.baseline_requests = min(args.baseline_requests, args.requests)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runs, workload = _run_all(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summaries = {run.name: summarize(run) for run in runs}
+    meta = _meta(args, workload)
+    if args.json:
+        print(to_json(meta, runs, summaries))
+    else:
+        print(_header(meta))
+        print(format_table(runs, summaries))
+    return 0
+
+
+def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
+    runs: list[RunResult] = []
+    workload = None
+    for name in [n for n in ENGINE_RUNS if n in args.runs]:
+        spec = ENGINE_RUNS[name]
+        _progress(f"{name}: loading a fresh engine")
+        engine = _engine(args, spec.enable_prefix_caching)
+        try:
+            workload = workload or _workload(engine, args)
+            _progress(f"{name}: {spec.description}, {args.requests} requests")
+            runs.append(
+                run_engine(
+                    engine, spec, workload, concurrency=args.concurrency, max_tokens=args.max_tokens
+                )
+            )
+        finally:
+            engine.shutdown()
+        _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+    if workload is None:  # only the baseline: the workload is still measured in engine tokens
+        engine = _engine(args, True)
+        workload = _workload(engine, args)
+        engine.shutdown()
+    if "transformers" in args.runs:
+        cached = next((run for run in runs if run.name == "cached"), None)
+        counts = [r.num_output_tokens for r in cached.records] if cached else []
+        counts = counts or [args.max_tokens] * args.requests
+        _progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
+        runs.append(
+            run_transformers(
+                workload,
+                model=args.model,
+                num_requests=args.baseline_requests,
+                output_token_counts=counts,
+            )
+        )
+        _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
+    return runs, workload
+
+
+def _engine(args: argparse.Namespace, enable_prefix_caching: bool) -> LLMEngine:
+    config = {"model": args.model, "enable_prefix_caching": enable_prefix_caching}
+    if args.max_num_batched_tokens is not None:
+        config["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return LLMEngine(EngineConfig(**config))
+
+
+def _workload(engine: LLMEngine, args: argparse.Namespace) -> Workload:
+    return build_workload(
+        engine.tokenizer,
+        num_requests=args.requests,
+        head_tokens=args.head_tokens,
+        prompt_token_range=args.prompt_token_range,
+        seed=args.seed,
+    )
+
+
+def _meta(args: argparse.Namespace, workload: Workload) -> dict:
+    return {
+        "command": " ".join(["python -m inference.engine.bench", *args.argv]),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "cpu": _cpu_model(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        },
+        "workload": {
+            "model": args.model,
+            "seed": workload.seed,
+            "num_requests": len(workload.requests),
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "head_tokens": workload.num_head_tokens,
+            "shared_prefix_tokens": workload.num_shared_prefix_tokens,
+            "prompt_tokens": workload.prompt_token_counts,
+            "num_targets": len(workload.schema["properties"]["target"]["enum"]),
+        },
+    }
+
+
+def _header(meta: dict) -> str:
+    m, w = meta["machine"], meta["workload"]
+    return (
+        f"{m['date']} · {m['cpu']} · {m['nproc']} CPUs · torch {m['torch']} "
+        f"({m['torch_threads']} threads)\n"
+        f"{w['model']}: {w['num_requests']} requests, {w['concurrency']} in flight, "
+        f"head {w['head_tokens']} tokens (shared prefix {w['shared_prefix_tokens']}), "
+        f"prompts {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])} tokens, "
+        f"max_tokens {w['max_tokens']}, seed {w['seed']}\n"
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Turning runs into numbers: a summary per run, the ratios against the targets, and the
+two output forms (a text table, one JSON object)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from inference.engine.bench.results import RunResult
+from inference.engine.bench.workload import is_valid_decision
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    name: str
+    description: str
+    num_requests: int
+    wall_s: float
+    requests_per_min: float
+    token_cache_hit_rate: float  # cached / prompt tokens
+    mean_cached_tokens: float
+    mean_queue_s: float
+    mean_prefill_s: float
+    mean_decode_s: float
+    median_e2e_s: float
+    output_tokens_per_s: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    decode_s_per_token: float  # decode time over the tokens after the first
+    num_valid_json: int | None  # None when the run had no schema
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    name: str
+    value: float | None  # None when a run it needs was skipped
+    target: float
+    higher_is_better: bool
+
+    @property
+    def passed(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
+
+
+def summarize(run: RunResult) -> RunSummary:
+    records = run.records
+    if not records:
+        raise ValueError(f"run {run.name!r} has no requests to summarize")
+    prompt = sum(r.num_prompt_tokens for r in records)
+    output = sum(r.num_output_tokens for r in records)
+    decode_steps = sum(max(r.num_output_tokens - 1, 0) for r in records)
+    valid = None
+    if run.schema is not None:
+        valid = sum(is_valid_decision(r.text, run.schema) for r in records)
+    return RunSummary(
+        name=run.name,
+        description=run.description,
+        num_requests=len(records),
+        wall_s=run.wall_s,
+        requests_per_min=60.0 * len(records) / run.wall_s,
+        token_cache_hit_rate=sum(r.num_cached_tokens for r in records) / prompt,
+        mean_cached_tokens=statistics.fmean(r.num_cached_tokens for r in records),
+        mean_queue_s=statistics.fmean(r.queue_s for r in records),
+        mean_prefill_s=statistics.fmean(r.prefill_s for r in records),
+        mean_decode_s=statistics.fmean(r.decode_s for r in records),
+        median_e2e_s=statistics.median(r.e2e_s for r in records),
+        output_tokens_per_s=output / run.wall_s,
+        mean_prompt_tokens=prompt / len(records),
+        mean_output_tokens=output / len(records),
+        decode_s_per_token=sum(r.decode_s for r in records) / decode_steps if decode_steps else 0.0,
+        num_valid_json=valid,
+    )
+
+
+def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
+    """The issue's three targets, from whichever of the runs they need were run."""
+
+    def ratio(top: str, field: str, bottom: str) -> float | None:
+        if top not in summaries or bottom not in summaries:
+            return None
+        denominator = getattr(summaries[bottom], field)
+        return getattr(summaries[top], field) / denominator if denominator else None
+
+    return [
+        Ratio("engine_vs_transformers_requests_per_min",
+              ratio("cached", "requests_per_min", "transformers"), 5.0, True),
+        Ratio("prefill_cached_over_uncached",
+              ratio("cached", "mean_prefill_s", "uncached"), 0.40, False),
+        Ratio("decode_per_token_schema_over_no_schema",
+              ratio("cached", "decode_s_per_token", "no_schema"), 1.10, False),
+    ]  # fmt: skip
+
+
+def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+    return json.dumps(
+        {
+            **meta,
+            "runs": {
+                run.name: {
+                    **dataclasses.asdict(summaries[run.name]),
+                    "notes": run.notes,
+                    "engine_stats": run.engine_stats,
+                }
+                for run in runs
+            },
+            "ratios": {
+                r.name: {"value": r.value, "target": r.target, "passed": r.passed}
+                for r in ratios(summaries)
+            },
+        },
+        ensure_ascii=False,
+        indent=2,
+    )
+
+
+_ROWS = [
+    ("completed requests/min", "requests_per_min", "{:.2f}"),
+    ("token cache hit rate", "token_cache_hit_rate", "{:.1%}"),
+    ("mean cached tokens", "mean_cached_tokens", "{:.0f}"),
+    ("mean queue (s)", "mean_queue_s", "{:.2f}"),
+    ("mean prefill (s)", "mean_prefill_s", "{:.2f}"),
+    ("mean decode (s)", "mean_decode_s", "{:.2f}"),
+    ("median end-to-end (s)", "median_e2e_s", "{:.2f}"),
+    ("output tokens/s", "output_tokens_per_s", "{:.1f}"),
+    ("mean prompt tokens", "mean_prompt_tokens", "{:.0f}"),
+    ("mean output tokens", "mean_output_tokens", "{:.1f}"),
+    ("decode per token (ms)", "decode_s_per_token", "ms"),
+    ("requests", "num_requests", "{}"),
+    ("wall time (s)", "wall_s", "{:.1f}"),
+]
+
+
+def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+    """A markdown table, one column per run, then the valid-JSON counts, notes and ratios."""
+    names = [run.name for run in runs]
+    lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, field, fmt in _ROWS:
+        cells = [_cell(getattr(summaries[n], field), fmt) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    valid = [
+        "n/a (no schema)" if s.num_valid_json is None else f"{s.num_valid_json}/{s.num_requests}"
+        for s in (summaries[n] for n in names)
+    ]
+    lines.append("| valid JSON outputs | " + " | ".join(valid) + " |")
+    lines.append("")
+    lines += [f"- {run.name}: {run.description}" for run in runs]
+    lines += [f"- {run.name}: {note}" for run in runs for note in run.notes]
+    lines.append("")
+    for r in ratios(summaries):
+        sign = "≥" if r.higher_is_better else "≤"
+        if r.value is None:
+            lines.append(f"{r.name}: skipped (target {sign} {r.target:g})")
+        else:
+            verdict = "PASS" if r.passed else "FAIL"
+            lines.append(f"{r.name}: {r.value:.3f} (target {sign} {r.target:g}) {verdict}")
+    return "\n".join(lines)
+
+
+def _cell(value: float, fmt: str) -> str:
+    return f"{value * 1000:.1f}" if fmt == "ms" else fmt.format(value)

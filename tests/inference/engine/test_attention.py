@@ -1,0 +1,76 @@
+"""The in-place paged attention against plain SDPA over a gathered context."""
+
+import random
+
+import pytest
+import torch
+
+from inference.engine.attention import (
+    AttentionMetadata,
+    _sdpa_with_lse,
+    paged_attention,
+    plan_span,
+    reference_attention,
+    write_kv,
+)
+
+H, KVH, D, BLOCK = 6, 2, 8, 4
+
+
+def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkeypatch):
+    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    span = plan_span(0, 3, [5, 6, 7, 2, 9, 10], 22, BLOCK, torch.device("cpu"))
+    # Blocks 5-7 → slots 20..32 in place; block 2 alone is gathered; 9-10 hold 6 cached slots.
+    assert span.view_runs == [(20, 32)]
+    assert span.gathered_slots.tolist() == [8, 9, 10, 11, 36, 37, 38, 39, 40, 41]
+    assert span.num_cached == 22
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, seed):
+    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    num_blocks = 40
+    k_cache = torch.zeros(num_blocks * BLOCK, KVH, D)
+    v_cache = torch.zeros_like(k_cache)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    spans, slot_mapping, queries, contexts = [], [], [], []
+    row = 0
+    for _ in range(3):  # three sequences: cached context + new tokens, blocks in random order
+        num_cached, q_len = rng.choice([0, 5, 16, 23]), rng.choice([1, 3, 9])
+        n = num_cached + q_len
+        blocks = [free.pop() for _ in range(-(-n // BLOCK))]
+        if rng.random() < 0.5:
+            blocks.sort()  # some sequences get consecutive blocks, read in place
+        slots = torch.tensor([blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(n)])
+        k_ctx, v_ctx = torch.randn(n, KVH, D), torch.randn(n, KVH, D)
+        write_kv(k_ctx[:num_cached], v_ctx[:num_cached], k_cache, v_cache, slots[:num_cached])
+        spans.append(plan_span(row, q_len, blocks, num_cached, BLOCK, torch.device("cpu")))
+        slot_mapping.append(slots[num_cached:])
+        queries.append(torch.randn(q_len, H, D))
+        contexts.append((k_ctx, v_ctx, num_cached))
+        row += q_len
+    q = torch.cat(queries)
+    k_new = torch.cat([k[c:] for k, _, c in contexts])
+    v_new = torch.cat([v[c:] for _, v, c in contexts])
+    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D**-0.5)
+    expected = torch.cat(
+        [reference_attention(qs, k, v, D**-0.5) for qs, (k, v, _) in zip(queries, contexts)]
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_portable_lse_path_matches_the_cpu_flash_op():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 5, D), torch.randn(1, 2, 5, D), torch.randn(1, 2, 5, D)
+    for causal in (False, True):
+        ours = _sdpa_with_lse(q, k, v, causal, 0.3)
+        theirs = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=0.3
+        )
+        torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=1e-4)

@@ -1,0 +1,179 @@
+"""The benchmark's own parts: the workload generator, the decision check, the summaries and
+ratios, and the CLI end to end on the tiny random model (a few seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference.engine.bench.__main__ import main
+from inference.engine.bench.baseline_transformers import run_transformers
+from inference.engine.bench.report import format_table, ratios, summarize, to_json
+from inference.engine.bench.results import RequestRecord, RunResult
+from inference.engine.bench.workload import build_workload, decision_schema, is_valid_decision
+
+SMALL = dict(num_requests=3, head_tokens=300, prompt_token_range=(420, 600))
+
+
+def test_workload_is_deterministic_from_the_seed(tiny_engine) -> None:
+    first = build_workload(tiny_engine.tokenizer, seed=7, **SMALL)
+    assert build_workload(tiny_engine.tokenizer, seed=7, **SMALL) == first
+    assert build_workload(tiny_engine.tokenizer, seed=8, **SMALL).requests != first.requests
+
+
+def test_workload_shares_a_head_of_the_asked_size(tiny_engine) -> None:
+    tokenizer = tiny_engine.tokenizer
+    workload = build_workload(tokenizer, seed=1, **SMALL)
+    systems = {request[0]["content"] for request in workload.requests}
+    assert len(systems) == 1
+    assert [request[1]["role"] for request in workload.requests] == ["user"] * 3
+    assert 270 <= workload.num_head_tokens <= 300
+    assert workload.num_shared_prefix_tokens >= workload.num_head_tokens
+    for request, count in zip(workload.requests, workload.prompt_token_counts, strict=True):
+        assert count == len(tokenizer.apply_chat_template(request))
+        assert 420 <= count <= 600 + 120  # the last memory may overshoot a little
+    targets = workload.schema["properties"]["target"]["enum"]
+    assert targets and all(f"| {name} |" in systems.pop() for name in targets[:1])
+    assert all(f"| {name} |" in workload.requests[0][0]["content"] for name in targets)
+
+
+def test_default_workload_has_the_town_shape(tiny_engine) -> None:
+    workload = build_workload(tiny_engine.tokenizer, seed=0)
+    assert len(workload.requests) == 8
+    assert 1100 <= workload.num_head_tokens <= 1200
+    assert all(1500 <= n <= 2600 for n in workload.prompt_token_counts)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (dict(num_requests=0), "num_requests"),
+        (dict(head_tokens=50), "head_tokens"),
+        (dict(head_tokens=1200, prompt_token_range=(1250, 2000)), "prompt_token_range"),
+        (dict(head_tokens=1200, prompt_token_range=(2000, 1500)), "prompt_token_range"),
+        (dict(head_tokens=50_000, prompt_token_range=(60_000, 60_000)), "cannot build a head"),
+    ],
+)
+def test_workload_rejects_impossible_sizes(tiny_engine, sizes, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_workload(tiny_engine.tokenizer, **sizes)
+
+
+def test_is_valid_decision_checks_every_constraint() -> None:
+    schema = decision_schema(["Kamome Cafe", "Hoshi Park"])
+    ok = {"action": "go_to", "target": "Hoshi Park", "reason": "A walk before lunch."}
+    assert is_valid_decision(json.dumps(ok), schema)
+    bad = [
+        '{"action": "go_to", "target": "Hoshi Park", "reason": "cut',
+        json.dumps({**ok, "action": "fly"}),
+        json.dumps({**ok, "target": "Tokyo Tower"}),
+        json.dumps({**ok, "reason": "x" * 121}),
+        json.dumps({**ok, "mood": "happy"}),
+        json.dumps({"action": "go_to", "target": "Hoshi Park"}),
+        json.dumps({**ok, "reason": 3}),
+        json.dumps([ok]),
+    ]
+    assert [is_valid_decision(text, schema) for text in bad] == [False] * len(bad)
+
+
+def _record(prompt, cached, output, prefill, decode, text="") -> RequestRecord:
+    return RequestRecord(
+        num_prompt_tokens=prompt,
+        num_cached_tokens=cached,
+        num_output_tokens=output,
+        queue_s=0.5,
+        prefill_s=prefill,
+        decode_s=decode,
+        e2e_s=0.5 + prefill + decode,
+        text=text,
+        finish_reason="stop",
+    )
+
+
+def _runs() -> list[RunResult]:
+    schema = decision_schema(["Hoshi Park"])
+    valid = '{"action":"stay","target":"Hoshi Park","reason":"rain"}'
+    cached = [_record(2000, 1184, 11, 1.0, 2.0, valid), _record(1000, 0, 21, 3.0, 4.0, "{")]
+    uncached = [_record(2000, 0, 11, 5.0, 2.0, valid), _record(1000, 0, 21, 5.0, 4.0, valid)]
+    no_schema = [_record(2000, 1184, 11, 1.0, 1.0), _record(1000, 0, 21, 3.0, 2.0)]
+    baseline = [_record(2000, 0, 11, 9.0, 3.0)]
+    return [
+        RunResult("cached", "on", cached, wall_s=30.0, schema=schema),
+        RunResult("uncached", "off", uncached, wall_s=60.0, schema=schema),
+        RunResult("no_schema", "free", no_schema, wall_s=20.0, schema=None),
+        RunResult("transformers", "hf", baseline, wall_s=60.0, schema=None, notes=["no schema"]),
+    ]
+
+
+def test_summary_numbers() -> None:
+    summary = summarize(_runs()[0])
+    assert summary.requests_per_min == pytest.approx(4.0)
+    assert summary.token_cache_hit_rate == pytest.approx(1184 / 3000)
+    assert summary.mean_cached_tokens == pytest.approx(592)
+    assert summary.mean_prefill_s == pytest.approx(2.0)
+    assert summary.mean_decode_s == pytest.approx(3.0)
+    assert summary.median_e2e_s == pytest.approx((3.5 + 7.5) / 2)
+    assert summary.output_tokens_per_s == pytest.approx(32 / 30)
+    assert summary.decode_s_per_token == pytest.approx(6.0 / 30)  # 10 + 20 steps after the first
+    assert summary.num_valid_json == 1
+    assert summarize(_runs()[2]).num_valid_json is None
+
+
+def test_ratios_against_the_targets() -> None:
+    summaries = {run.name: summarize(run) for run in _runs()}
+    by_name = {r.name: r for r in ratios(summaries)}
+    assert by_name["engine_vs_transformers_requests_per_min"].value == pytest.approx(4.0)
+    assert by_name["engine_vs_transformers_requests_per_min"].passed is False
+    assert by_name["prefill_cached_over_uncached"].value == pytest.approx(0.4)
+    assert by_name["prefill_cached_over_uncached"].passed is True
+    assert by_name["decode_per_token_schema_over_no_schema"].value == pytest.approx(2.0)
+    assert by_name["decode_per_token_schema_over_no_schema"].passed is False
+    del summaries["transformers"]
+    skipped = {r.name: r for r in ratios(summaries)}["engine_vs_transformers_requests_per_min"]
+    assert skipped.value is None and skipped.passed is None
+
+
+def test_table_and_json_carry_every_run() -> None:
+    runs = _runs()
+    summaries = {run.name: summarize(run) for run in runs}
+    table = format_table(runs, summaries)
+    assert table.splitlines()[0] == "| metric | cached | uncached | no_schema | transformers |"
+    assert "| completed requests/min | 4.00 | 2.00 | 6.00 | 1.00 |" in table
+    assert "| valid JSON outputs | 1/2 | 2/2 | n/a (no schema) | n/a (no schema) |" in table
+    assert "prefill_cached_over_uncached: 0.400 (target ≤ 0.4) PASS" in table
+    assert "- transformers: no schema" in table
+    data = json.loads(to_json({"seed": 3}, runs, summaries))
+    assert data["seed"] == 3
+    assert list(data["runs"]) == ["cached", "uncached", "no_schema", "transformers"]
+    assert data["runs"]["cached"]["num_valid_json"] == 1
+    assert data["ratios"]["engine_vs_transformers_requests_per_min"]["passed"] is False
+
+
+def test_baseline_refuses_random_weights(tiny_engine) -> None:
+    workload = build_workload(tiny_engine.tokenizer, seed=0, **SMALL)
+    with pytest.raises(ValueError, match="--skip-baseline"):
+        run_transformers(
+            workload, model="smollm2-tiny-random", num_requests=1, output_token_counts=[4]
+        )
+
+
+def test_cli_runs_the_engine_and_prints_json(capsys) -> None:
+    argv = ["--model", "smollm2-tiny-random", "--requests", "3", "--concurrency", "2",
+            "--head-tokens", "300", "--prompt-tokens", "420-600", "--runs", "cached", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    run = data["runs"]["cached"]
+    assert run["num_requests"] == 3
+    assert run["num_valid_json"] == 3  # the schema holds even for random weights
+    assert run["mean_prompt_tokens"] == pytest.approx(sum(data["workload"]["prompt_tokens"]) / 3)
+    # Two in flight at once, three requests: at least the third reuses the shared head.
+    assert run["mean_cached_tokens"] > 0
+    assert run["engine_stats"]["prefix_cache_hits"] == round(run["mean_cached_tokens"] * 3)
+    assert data["machine"]["nproc"] >= 1
+
+
+def test_cli_rejects_unknown_runs(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--runs", "cached,fastest"])
+    assert "unknown ['fastest']" in capsys.readouterr().err

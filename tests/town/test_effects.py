@@ -1,0 +1,153 @@
+"""The town's rules and effects on a small in-memory World (no database)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from town.actions import action_options, action_problem
+from town.clock import Clock, is_open_at
+from town.effects import action_apply, time_passes
+from town.schema import decision_schema
+from town.world import MenuItem, PlaceView, ResidentView, World
+
+HOME, CAFE, BAKERY, BAR = 1, 2, 3, 4
+
+
+def _place(pid, name, kind, opens, closes, capacity, menu=(), household=()):
+    return PlaceView(
+        id=pid, name=name, name_ja="", kind=kind, description="", opens_at=opens,
+        closes_at=closes, capacity=capacity, menu=list(menu), household_ids=frozenset(household),
+    )  # fmt: skip
+
+
+def _resident(rid, name, place_id=HOME, money=1000, **fields):
+    return ResidentView(
+        id=rid, name=name, age=30, occupation="x", personality="y", likes=[], home_id=HOME,
+        workplace_id=fields.pop("workplace_id", None), wage_per_hour=fields.pop("wage", 0),
+        place_id=place_id, money=money, hunger=fields.pop("hunger", 50),
+        energy=fields.pop("energy", 50), visits=fields.pop("visits", {HOME: 3}),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def world() -> World:
+    """09:00: home (1, 2 and 3 live there), a café 8-20 for two, a bakery 7-18, a bar 17-01."""
+    places = [
+        _place(HOME, "Home", "home", 0, 0, 6, household=(1, 2, 3)),
+        _place(CAFE, "Cafe", "cafe", 8 * 60, 20 * 60, 2, [MenuItem("latte", 500, -5, 10)]),
+        _place(BAKERY, "Bakery", "bakery", 7 * 60, 18 * 60, 4, [MenuItem("melon pan", 180, -20)]),
+        _place(BAR, "Bar", "izakaya", 17 * 60, 60, 8, [MenuItem("beer", 500)]),
+    ]
+    residents = [
+        _resident(1, "Aki", workplace_id=BAKERY, wage=1200),
+        _resident(2, "Ben", money=100),
+        _resident(3, "Chie", place_id=CAFE, visits={HOME: 3, CAFE: 2}),
+        _resident(4, "Dai", place_id=CAFE),  # lives elsewhere
+    ]
+    return World("T", Clock(9 * 60), 60, places, residents)
+
+
+def test_opening_hours_wrap_past_midnight():
+    assert is_open_at(opens_at=17 * 60, closes_at=60, minute_of_day=23 * 60)
+    assert is_open_at(opens_at=17 * 60, closes_at=60, minute_of_day=30)
+    assert not is_open_at(opens_at=17 * 60, closes_at=60, minute_of_day=12 * 60)
+    assert is_open_at(opens_at=0, closes_at=0, minute_of_day=3 * 60)
+    assert Clock(9 * 60).phase == "morning" and Clock(22 * 60).phase == "night"
+    assert Clock(24 * 60 + 12 * 60).label() == "Day 2, 12:00 (noon)"
+
+
+def test_options_offer_only_what_is_possible_now(world):
+    aki = world.resident(1)
+    options = action_options(world, aki)
+    assert options["go"] == ["Bakery"]  # the café is full (2/2), the bar is closed
+    assert options["stay"] == ["Home"] and options["rest"] == ["Home"]
+    assert options["talk"] == ["Ben"]
+    assert "buy" not in options and "work" not in options
+    chie = world.resident(3)
+    assert action_options(world, chie)["buy"] == ["latte"]
+    assert action_options(world, chie)["go"] == ["Home", "Bakery"]
+    assert "Home" not in action_options(world, world.resident(4))["go"]  # not Dai's home
+
+
+def test_schema_admits_exactly_the_options(world):
+    schema = decision_schema(action_options(world, world.resident(1)))
+    jsonschema.validate({"action": "go", "target": "Bakery", "reason": "Bread, fresh."}, schema)
+    for bad in [
+        {"action": "go", "target": "Cafe", "reason": "full"},
+        {"action": "go", "target": "Bar", "reason": "closed"},
+        {"action": "talk", "target": "Bakery", "reason": "mixed up"},
+        {"action": "go", "target": "Bakery", "reason": "x" * 81},
+        {"action": "go", "target": "Bakery", "reason": 'quote " here'},
+        {"action": "go", "target": "Bakery"},
+    ]:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    # xgrammar compiles it, so the engine can decode under it.
+    xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+
+
+def test_go_moves_counts_the_visit_and_remembers_it(world):
+    aki = world.resident(1)
+    assert action_problem(world, aki, "go", "Bakery") is None
+    notes = action_apply(world, aki, "go", "Bakery", "bread")
+    assert aki.place_id == BAKERY and aki.visits[BAKERY] == 1 and aki.energy == 47
+    assert notes == [(1, "Went from Home to Bakery (first visit).")]
+    action_apply(world, aki, "go", "Home", "")
+    notes = action_apply(world, aki, "go", "Bakery", "")
+    assert notes == [(1, "Went from Home to Bakery (visit number 2).")]
+
+
+@pytest.mark.parametrize(
+    ("rid", "action", "target", "problem"),
+    [
+        (1, "go", "Cafe", "Cafe is full (2 people)"),
+        (1, "go", "Bar", "Bar is closed at 09:00 (open 17-1)"),
+        (1, "go", "Castle", "there is no place called 'Castle'"),
+        (1, "go", "Home", "Aki is already at Home"),
+        (4, "go", "Home", "Home is somebody else's home"),
+        (3, "buy", "croissant", "Cafe does not sell 'croissant'"),
+        (1, "talk", "Dai", "'Dai' is not at Home now"),
+        (3, "rest", "Cafe", "Chie can rest only at home, not at Cafe"),
+        (3, "work", "Cafe", "Chie does not work at Cafe"),
+        (1, "fly", "Cafe", "unknown action 'fly'"),
+    ],
+)
+def test_impossible_actions_say_why(world, rid, action, target, problem):
+    assert problem in action_problem(world, world.resident(rid), action, target)
+
+
+def test_buy_spends_money_and_feeds(world):
+    chie = world.resident(3)
+    notes = action_apply(world, chie, "buy", "latte", "")
+    assert (chie.money, chie.hunger, chie.energy) == (500, 45, 60)
+    assert notes == [(3, "Bought latte at Cafe for ¥500.")]
+    action_apply(world, chie, "buy", "latte", "")
+    assert chie.money == 0
+    assert "costs ¥500 but Chie has ¥0" in action_problem(world, chie, "buy", "latte")
+
+
+def test_talk_is_remembered_by_both(world):
+    notes = action_apply(world, world.resident(3), "talk", "Dai", "Nice weather")
+    assert notes == [
+        (3, 'Talked with Dai at Cafe. "Nice weather"'),
+        (4, 'Chie came to talk with me at Cafe. "Nice weather"'),
+    ]
+
+
+def test_work_rest_and_time(world):
+    aki = world.resident(1)
+    action_apply(world, aki, "rest", "Home", "")
+    assert aki.energy == 65
+    action_apply(world, aki, "go", "Bakery", "")
+    assert action_options(world, aki)["work"] == ["Bakery"]
+    action_apply(world, aki, "work", "Bakery", "")
+    assert aki.money == 2200 and aki.energy == 60
+    time_passes(world)
+    assert (aki.hunger, aki.energy) == (55, 57)
+    world.resident(2).hunger = 99
+    time_passes(world)
+    assert world.resident(2).hunger == 100  # bounded

@@ -1,0 +1,105 @@
+"""Run creation and controls (the services the management commands and buttons call)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+
+from tests.town.factories import run_factory, small_town_factory
+from town import services
+from town.demo import demo_town_create
+from town.errors import RunStateError, TownError
+from town.models import Memory, Place, Resident, Run
+from town.selectors import runs_due
+
+pytestmark = pytest.mark.django_db
+
+
+def test_demo_town_is_deterministic_from_its_seed():
+    def picture(town):
+        residents = Resident.objects.filter(town=town).order_by("id")
+        return [(r.name, r.home.name, r.money, r.hunger, r.energy) for r in residents]
+
+    a = picture(demo_town_create(seed=7, name="A"))
+    b = picture(demo_town_create(seed=7, name="B"))
+    c = picture(demo_town_create(seed=8, name="C"))
+    assert a == b and a != c
+    assert len(a) == 10 and len({name for name, *_ in a}) == 10
+    kinds = set(Place.objects.filter(town__name="A").values_list("kind", flat=True))
+    assert {"kissaten", "cafe", "bakery", "bookshop", "park", "shrine", "station", "home"} <= kinds
+    assert Place.objects.filter(town__name="A").count() == 12
+    for home in Place.objects.filter(town__name="A", kind="home"):
+        assert home.household.count() <= home.capacity
+
+
+def test_seed_town_command_is_idempotent_and_replaces_on_request(capsys):
+    call_command("seed_town", "--seed", "3")
+    call_command("seed_town", "--seed", "3")
+    assert "exists already" in capsys.readouterr().out
+    call_command("seed_town", "--seed", "4", "--replace")
+    assert Resident.objects.count() == 10
+
+
+def test_run_create_starts_everyone_at_home():
+    town = small_town_factory()
+    run = run_factory(town=town, layout="naive", concurrency=2)
+    states = list(run.resident_states.select_related("resident"))
+    assert len(states) == 4 and all(s.place_id == s.resident.home_id for s in states)
+    assert run.status == Run.Status.CREATED and run.nodes == ["local"]
+    assert run.model == services.served_model()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"layout": "fancy"}, "unknown layout 'fancy'"),
+        ({"concurrency": 0}, "concurrency must be at least 1"),
+        ({"nodes": ["nowhere"]}, "unknown inference node 'nowhere'"),
+        ({"model": "gpt-9"}, "set POKOMACHI_MODEL=gpt-9"),
+        ({"ticks_target": 0}, "ticks_target must be at least 1"),
+    ],
+)
+def test_run_create_refuses_bad_input(fields, message):
+    with pytest.raises(TownError, match=message):
+        run_factory(town=small_town_factory(), **fields)
+
+
+def test_run_controls_follow_the_state_machine():
+    run = run_factory(town=small_town_factory())
+    with pytest.raises(RunStateError, match=r"cannot pause run \d+: it is created"):
+        services.run_pause(run=run)
+    assert list(runs_due()) == []
+    run = services.run_start(run=run)
+    assert list(runs_due()) == [run]
+    run = services.run_pause(run=run)
+    assert list(runs_due()) == []
+    run = services.run_step(run=run)
+    assert run.status == "paused" and run.num_steps_pending == 1 and list(runs_due()) == [run]
+    run = services.run_stop(run=run)
+    assert run.num_steps_pending == 0 and list(runs_due()) == []
+    with pytest.raises(RunStateError, match="resumed, not started"):
+        services.run_start(run=run)
+    run = services.run_resume(run=run)
+    assert run.status == "running"
+
+
+def test_run_control_command_reports_errors_clearly(capsys):
+    from django.core.management.base import CommandError
+
+    run = run_factory(town=small_town_factory())
+    call_command("run_control", str(run.pk), "step")
+    assert f"run {run.pk}: paused" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="cannot pause"):
+        call_command("run_control", str(run.pk), "pause")
+    with pytest.raises(CommandError, match="no run 999999"):
+        call_command("run_control", "999999", "stop")
+
+
+def test_lease_lets_one_process_advance_a_run():
+    run = run_factory(town=small_town_factory())
+    assert services.run_lease_take(run=run, owner="a", seconds=30)
+    assert services.run_lease_take(run=run, owner="a", seconds=30)  # renew
+    assert not services.run_lease_take(run=run, owner="b", seconds=30)
+    services.run_lease_release(run=run, owner="a")
+    assert services.run_lease_take(run=run, owner="b", seconds=30)
+    assert not Memory.objects.filter(run=run).exists()

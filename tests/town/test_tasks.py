@@ -1,0 +1,101 @@
+"""The Celery path for real: the real Redis on 127.0.0.1:6379 and real worker processes
+(tests/conftest.py's celery_worker_process), decisions sent by the tick loop to the node's queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from town import services
+from town.demo import demo_town_create
+from town.models import Decision, Run, Tick
+from town.selectors import run_summary
+from town.services.decisions import decision_parse
+from town.simulation import tick_run
+from town.tasks import decision_send
+
+D = Decision.Status
+
+
+def _run_ticks(run: Run, num_ticks: int) -> list[Tick]:
+    return [
+        tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.05)
+        for _ in range(num_ticks)
+    ]
+
+
+@pytest.mark.real_model
+def test_two_ticks_of_the_demo_town_on_the_real_model(celery_worker_process):
+    worker = celery_worker_process(env={"POKOMACHI_MODEL": "smollm2-135m-instruct"})
+    town = demo_town_create(seed=0)
+    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=2)
+    run = services.run_start(run=run)
+    ticks = _run_ticks(run, 2)
+    assert [t.status for t in ticks] == [Tick.Status.DONE] * 2
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED
+    decisions = list(run.decisions.all())
+    assert len(decisions) == 20
+    for d in decisions:
+        value, error = decision_parse(decision=d)  # valid JSON, within its own schema
+        assert d.status == D.APPLIED and value is not None, (error, d.raw_output)
+        assert d.worker == worker.hostname and d.node == worker.queue
+        assert d.num_prompt_tokens > 800 and d.num_output_tokens > 5
+        assert d.prefill_s > 0 and d.decode_s > 0 and d.ttft_s > 0 and d.engine_e2e_s > 0
+        assert d.queue_s >= 0 and d.app_e2e_s >= d.engine_e2e_s
+        assert d.finish_reason == "stop" and d.output_token_ids
+    assert sum(d.num_cached_tokens for d in decisions) > 0
+    summary = run_summary(run=run)
+    print(f"\nreal model, 2 ticks: {dict(summary.rows())}")
+    assert summary.token_cache_hit_rate > 0.3
+    # The town's rules were applied: whatever the model chose, it was possible when chosen.
+    assert sum(1 for d in decisions if d.valid) >= 10
+
+
+def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process):
+    fast_redelivery = {"POKOMACHI_VISIBILITY_TIMEOUT": "5"}
+    worker = celery_worker_process(env=fast_redelivery)
+    town = demo_town_create(seed=0)
+    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=1, concurrency=4)
+    run = services.run_start(run=run)
+    result: dict = {}
+
+    def tick_in_background() -> None:
+        from django.db import connection
+
+        try:
+            result["tick"] = tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.02)
+        except Exception as exc:  # re-raised in the test's thread
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=tick_in_background, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not Decision.objects.filter(run=run, status=D.RUNNING).exists():
+        assert time.monotonic() < deadline, "no decision started on the worker"
+        time.sleep(0.005)
+    worker.kill()  # SIGKILL, mid-decision
+    killed_running = set(
+        Decision.objects.filter(run=run, status=D.RUNNING).values_list("pk", flat=True)
+    )
+    # Its unacknowledged messages go back to the queue once older than the visibility timeout;
+    # a worker that starts after that picks them up.
+    time.sleep(6)
+    celery_worker_process(worker.queue, env=fast_redelivery)
+    thread.join(timeout=240)
+    assert not thread.is_alive(), "the tick did not finish after the new worker started"
+    assert "error" not in result, result.get("error")
+    assert result["tick"].status == Tick.Status.DONE
+    decisions = list(run.decisions.all())
+    assert len(decisions) == 10
+    assert {d.status for d in decisions} == {D.APPLIED}, [(d.pk, d.status) for d in decisions]
+    retried = [d for d in decisions if d.retries]
+    assert retried and all(d.attempts == d.retries + 1 for d in retried)
+    assert killed_running <= {d.pk for d in retried}
+    assert all(d.worker != worker.hostname for d in retried)
+    run.refresh_from_db()
+    assert run.status == Run.Status.FINISHED
