@@ -17,127 +17,65 @@ DEMO_TOWN_NAME = "Pokomachi"
 NUM_DEMO_RESIDENTS = 10
 
 
-def _h(hour: float) -> int:
-    return int(hour * 60) % (24 * 60)
-
-
-def _menu(*items: tuple[str, int, int, int]) -> list[dict]:
-    return [{"item": i, "price": p, "hunger": h, "energy": e} for i, p, h, e in items]
-
-
-# name, 日本語, kind, about, (x, y), opens, closes, capacity, menu (item, price, hunger, energy)
+# name, 日本語, kind, about, x, y, opens, closes (hours; equal: always open), capacity
 PLACES = [
-    (
-        "Kissa Komorebi",
-        "喫茶こもれび",
-        "kissaten",
-        "old, jazz records, a cat",
-        (22, 30),
-        _h(8),
-        _h(20),
-        6,
-        _menu(
-            ("blend coffee", 450, -5, 10),
-            ("napolitan", 850, -45, 5),
-            ("custard pudding", 400, -15, 0),
-        ),
-    ),
-    (
-        "Cafe Sora",
-        "カフェそら",
-        "cafe",
-        "new, live music at night",
-        (48, 26),
-        _h(9),
-        _h(22),
-        8,
-        _menu(("latte", 550, -5, 10), ("matcha latte", 600, -5, 8), ("egg sandwich", 700, -35, 0)),
-    ),
-    (
-        "Panya Mugi",
-        "パン屋むぎ",
-        "bakery",
-        "famous melon pan",
-        (35, 48),
-        _h(7),
-        _h(18),
-        4,
-        _menu(("melon pan", 180, -20, 0), ("curry pan", 220, -30, 0), ("anpan", 160, -20, 0)),
-    ),
-    (
-        "Hondana Books",
-        "本棚書店",
-        "bookshop",
-        "has a reading corner",
-        (60, 44),
-        _h(10),
-        _h(20),
-        6,
-        _menu(
-            ("paperback novel", 900, 0, 0),
-            ("manga volume", 550, 0, 0),
-            ("town magazine", 700, 0, 0),
-        ),
-    ),
-    (
-        "Sakura Park",
-        "さくら公園",
-        "park",
-        "cherry trees and a pond",
-        (75, 62),
-        0,
-        0,
-        30,
-        _menu(("vending machine green tea", 150, 0, 5)),
-    ),
-    (
-        "Inari Shrine",
-        "稲荷神社",
-        "shrine",
-        "red torii on a quiet hill",
-        (85, 20),
-        _h(6),
-        _h(18),
-        20,
-        _menu(("omikuji fortune", 200, 0, 0), ("omamori charm", 800, 0, 0)),
-    ),
-    (
-        "Pokomachi Station",
-        "ぽこまち駅",
-        "station",
-        "trains to the city",
-        (50, 85),
-        _h(5),
-        _h(0.5),
-        40,
-        _menu(("ekiben lunch box", 1100, -50, 0), ("canned coffee", 130, 0, 8)),
-    ),
-    (
-        "Izakaya Tanuki",
-        "居酒屋たぬき",
-        "izakaya",
-        "cosy, a tanuki statue",
-        (30, 70),
-        _h(17),
-        _h(1),
-        10,
-        _menu(("yakitori", 600, -30, 0), ("draft beer", 500, -5, -5), ("onigiri", 250, -25, 0)),
-    ),
+    ("Kissa Komorebi", "喫茶こもれび", "kissaten", "old, jazz records, a cat", 22, 30, 8, 20, 6),
+    ("Cafe Sora", "カフェそら", "cafe", "new, live music at night", 48, 26, 9, 22, 8),
+    ("Panya Mugi", "パン屋むぎ", "bakery", "famous melon pan", 35, 48, 7, 18, 4),
+    ("Hondana Books", "本棚書店", "bookshop", "has a reading corner", 60, 44, 10, 20, 6),
+    ("Sakura Park", "さくら公園", "park", "cherry trees and a pond", 75, 62, 0, 0, 30),
+    ("Inari Shrine", "稲荷神社", "shrine", "red torii on a quiet hill", 85, 20, 6, 18, 20),
+    ("Pokomachi Station", "ぽこまち駅", "station", "trains to the city", 50, 85, 5, 0.5, 40),
+    ("Izakaya Tanuki", "居酒屋たぬき", "izakaya", "cosy, a tanuki statue", 30, 70, 17, 1, 10),
     (
         "Sento Yunohana",
         "銭湯ゆのはな",
         "sento",
         "public bath, Mount Fuji mural",
-        (12, 55),
-        _h(15),
-        _h(23),
+        12,
+        55,
+        15,
+        23,
         10,
-        _menu(("bath", 520, 0, 20), ("coffee milk", 150, -5, 5)),
     ),
-    ("Sakura-so", "さくら荘", "home", "apartment house", (15, 12), 0, 0, 8, []),
-    ("Midori House", "みどりの家", "home", "house with a garden", (68, 10), 0, 0, 6, []),
-    ("Aoki House", "青木家", "home", "old house by the river", (88, 78), 0, 0, 6, []),
+    ("Sakura-so", "さくら荘", "home", "apartment house", 15, 12, 0, 0, 8),
+    ("Midori House", "みどりの家", "home", "house with a garden", 68, 10, 0, 0, 6),
+    ("Aoki House", "青木家", "home", "old house by the river", 88, 78, 0, 0, 6),
 ]
+
+# place → (item, price in yen, hunger change, energy change)
+MENUS = {
+    "Kissa Komorebi": [
+        ("blend coffee", 450, -5, 10),
+        ("napolitan", 850, -45, 5),
+        ("custard pudding", 400, -15, 0),
+    ],
+    "Cafe Sora": [
+        ("latte", 550, -5, 10),
+        ("matcha latte", 600, -5, 8),
+        ("egg sandwich", 700, -35, 0),
+    ],
+    "Panya Mugi": [("melon pan", 180, -20, 0), ("curry pan", 220, -30, 0), ("anpan", 160, -20, 0)],
+    "Hondana Books": [
+        ("paperback novel", 900, 0, 0),
+        ("manga volume", 550, 0, 0),
+        ("town magazine", 700, 0, 0),
+    ],
+    "Sakura Park": [("vending machine green tea", 150, 0, 5)],
+    "Inari Shrine": [("omikuji fortune", 200, 0, 0), ("omamori charm", 800, 0, 0)],
+    "Pokomachi Station": [("ekiben lunch box", 1100, -50, 0), ("canned coffee", 130, 0, 8)],
+    "Izakaya Tanuki": [
+        ("yakitori", 600, -30, 0),
+        ("draft beer", 500, -5, -5),
+        ("onigiri", 250, -25, 0),
+    ],
+    "Sento Yunohana": [("bath", 520, 0, 20), ("coffee milk", 150, -5, 5)],
+}
+
+
+def _minutes(hour: float) -> int:
+    return int(hour * 60) % (24 * 60)
+
 
 # name, age, occupation, personality, likes, workplace (place name or None), wage
 RESIDENT_POOL = [
@@ -286,7 +224,11 @@ def demo_town_create(*, seed: int = 0, name: str = DEMO_TOWN_NAME) -> Town:
     rng = random.Random(seed)
     town = Town.objects.create(name=name, seed=seed)
     places = {}
-    for name_en, name_ja, kind, about, (x, y), opens, closes, capacity, menu in PLACES:
+    for name_en, name_ja, kind, about, x, y, opens, closes, capacity in PLACES:
+        menu = [
+            {"item": item, "price": price, "hunger": hunger, "energy": energy}
+            for item, price, hunger, energy in MENUS.get(name_en, [])
+        ]
         places[name_en] = Place.objects.create(
             town=town,
             name=name_en,
@@ -295,8 +237,8 @@ def demo_town_create(*, seed: int = 0, name: str = DEMO_TOWN_NAME) -> Town:
             description=about,
             x=x,
             y=y,
-            opens_at=opens,
-            closes_at=closes,
+            opens_at=_minutes(opens),
+            closes_at=_minutes(closes),
             capacity=capacity,
             menu=menu,
         )

@@ -231,12 +231,14 @@ class Decision(models.Model):
     ttft_s = models.FloatField(null=True, blank=True)
     engine_e2e_s = models.FloatField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True, help_text="Everything, as reported.")
-    # The app's own timeline: dispatch → computed is the app's end-to-end latency.
+    # The app's own timeline. app_e2e_s: dispatched → answered (the talk's end-to-end, "the
+    # app's call to the response"); app_latency_s: dispatched → applied to the town.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     computed_at = models.DateTimeField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
     app_e2e_s = models.FloatField(null=True, blank=True)
+    app_latency_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["tick_id", "resident_id"]

@@ -22,7 +22,9 @@ MIN_VIEW_SLOTS = 64
 @dataclass(slots=True)
 class SequenceSpan:
     query_start: int  # first row of this sequence in the flattened batch
-    query_len: int  # new tokens this step; they come after `num_cached` context tokens
+    query_len: int  # new tokens this step
+    # Context read from the cache. With one new token it includes that token (already written
+    # this layer), so a decode step needs no causal part; otherwise the new tokens come after.
     num_cached: int
     view_runs: list[tuple[int, int]]  # [start, end) slot ranges read in place
     gathered_slots: torch.Tensor | None  # the rest of the cached context's slots
@@ -43,6 +45,8 @@ def plan_span(
     device: torch.device,
 ) -> SequenceSpan:
     """Split the first `num_cached` context slots into in-place runs and a gathered remainder."""
+    if query_len == 1:
+        num_cached += 1
     runs: list[tuple[int, int]] = []
     num_blocks = -(-num_cached // block_size)
     for block_id in block_ids[:num_blocks]:
@@ -87,7 +91,9 @@ def paged_attention(
     for span in meta.spans:
         rows = slice(span.query_start, span.query_start + span.query_len)
         qs = q[rows].transpose(0, 1)  # (H, q_len, D)
-        parts = [_causal_part(qs, k[rows], v[rows], group, scale)]
+        parts = []
+        if span.query_len > 1:
+            parts.append(_causal_part(qs, k[rows], v[rows], group, scale))
         if span.num_cached:
             # Queries of one KV group share keys: fold the group into the query axis.
             folded = qs.reshape(1, n_kv, group * span.query_len, head_dim)

@@ -103,3 +103,16 @@ def test_lease_lets_one_process_advance_a_run():
     services.run_lease_release(run=run, owner="a")
     assert services.run_lease_take(run=run, owner="b", seconds=30)
     assert not Memory.objects.filter(run=run).exists()
+
+
+def test_tick_loop_starts_a_first_run_only_on_a_fresh_database():
+    from town.management.commands.tick_loop import Command
+
+    command = Command()
+    command.first_run_start()  # no town: nothing to do
+    assert not Run.objects.exists()
+    town = small_town_factory()
+    command.first_run_start()
+    command.first_run_start()
+    (run,) = Run.objects.all()
+    assert run.town == town and run.status == Run.Status.RUNNING and run.layout == "shared_head"

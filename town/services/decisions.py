@@ -163,7 +163,7 @@ def decision_time_out(*, decision: Decision) -> bool:
 
 def decision_parse(*, decision: Decision) -> tuple[dict[str, Any] | None, str]:
     """The decision's JSON if it is valid within its schema, else (None, what is wrong)."""
-    if decision.status != D.COMPUTED:
+    if decision.status not in (D.COMPUTED, D.APPLIED):
         return None, decision.error or f"no answer ({decision.status})"
     if decision.finish_reason == "length":
         return None, f"output cut off at max_tokens ({decision.run.max_tokens}): raise max_tokens"
@@ -194,7 +194,18 @@ def decision_apply(*, world: World, decision: Decision) -> list[Note]:
     decision.error = error
     decision.status = D.APPLIED if decision.status == D.COMPUTED else decision.status
     decision.applied_at = timezone.now()
+    if decision.dispatched_at is not None:
+        decision.app_latency_s = (decision.applied_at - decision.dispatched_at).total_seconds()
     decision.save(
-        update_fields=["action", "target", "reason", "valid", "error", "status", "applied_at"]
+        update_fields=[
+            "action",
+            "target",
+            "reason",
+            "valid",
+            "error",
+            "status",
+            "applied_at",
+            "app_latency_s",
+        ]
     )
     return notes

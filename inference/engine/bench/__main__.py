@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-num-batched-tokens", type=int, default=None, help="engine token budget per step"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.runs = [name.strip() for name in args.runs.split(",") if name.strip()]
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summaries = {run.name: summarize(run) for run in runs}
     meta = _meta(args, workload)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            f.write(to_json(meta, runs, summaries) + "\n")
     if args.json:
         print(to_json(meta, runs, summaries))
     else:

@@ -105,6 +105,7 @@ def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, Ru
                     **dataclasses.asdict(summaries[run.name]),
                     "notes": run.notes,
                     "engine_stats": run.engine_stats,
+                    "sample_output": run.records[0].text,
                 }
                 for run in runs
             },
@@ -150,6 +151,7 @@ def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str
     lines.append("")
     lines += [f"- {run.name}: {run.description}" for run in runs]
     lines += [f"- {run.name}: {note}" for run in runs for note in run.notes]
+    lines += [f"- {run.name}, first output: {run.records[0].text!r}" for run in runs]
     lines.append("")
     for r in ratios(summaries):
         sign = "≥" if r.higher_is_better else "≤"

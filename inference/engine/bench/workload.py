@@ -103,8 +103,6 @@ def build_workload(
     low, high = prompt_token_range
     if num_requests < 1:
         raise ValueError(f"num_requests must be ≥ 1, got {num_requests}")
-    if head_tokens < 100:
-        raise ValueError(f"head_tokens must be ≥ 100 (rules alone take ~100), got {head_tokens}")
     if not head_tokens + 100 <= low <= high:
         raise ValueError(
             f"prompt_token_range {prompt_token_range} must satisfy head_tokens + 100 "
@@ -207,15 +205,20 @@ def _system_message(
     def size(num_rows: int) -> int:
         return len(tokenizer.apply_chat_template([render(num_rows)], add_generation_prompt=False))
 
-    num_rows = 1
-    while num_rows < len(places) and size(num_rows + 1) <= head_tokens:
-        num_rows += 1
-    if size(num_rows) > head_tokens * 1.1 or (
-        num_rows == len(places) and size(num_rows) < head_tokens * 0.9
-    ):
+    if size(1) > head_tokens:
         raise ValueError(
-            f"cannot build a head of ~{head_tokens} tokens from {len(places)} places "
-            f"(got {size(num_rows)}); choose head_tokens between ~200 and ~5000"
+            f"head_tokens={head_tokens} is too small: the rules and one place already take "
+            f"{size(1)} tokens"
+        )
+    low, high = 1, len(places)  # size() grows with the rows: find the most that fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if size(middle) <= head_tokens else (low, middle - 1)
+    num_rows = low
+    if size(num_rows) < head_tokens * 0.9:
+        raise ValueError(
+            f"head_tokens={head_tokens} is too large: all {len(places)} places make a head of "
+            f"{size(num_rows)} tokens"
         )
     return render(num_rows), num_rows
 

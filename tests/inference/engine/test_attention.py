@@ -24,6 +24,10 @@ def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkey
     assert span.view_runs == [(20, 32)]
     assert span.gathered_slots.tolist() == [8, 9, 10, 11, 36, 37, 38, 39, 40, 41]
     assert span.num_cached == 22
+    # One new token (decode): its own slot, already written, is read with the context.
+    decode = plan_span(0, 1, [5, 6, 7, 2, 9, 10], 22, BLOCK, torch.device("cpu"))
+    assert decode.num_cached == 23
+    assert decode.gathered_slots.tolist()[-1] == 42
 
 
 @pytest.mark.parametrize("seed", range(4))
