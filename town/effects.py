@@ -25,7 +25,9 @@ def _hours(world: World) -> float:
     return world.minutes_per_tick / 60
 
 
-def action_apply(world: World, resident: ResidentView, action: str, target: str, reason: str):
+def action_apply(
+    world: World, resident: ResidentView, action: str, target: str, reason: str
+) -> list[Note]:
     """Apply an action that `action_problem` allowed; returns the memories it creates."""
     here = world.place(resident.place_id)
     if action == "go":

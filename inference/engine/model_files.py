@@ -40,15 +40,16 @@ def known_model_names() -> list[str]:
 
 
 def gguf_path_for(name: str) -> Path:
-    """The .gguf file of a bundled model, or ValueError saying how to install it."""
+    """The .gguf file of a bundled model (or the path given), or ValueError saying what to do."""
     base = TINY_RANDOM_MODELS.get(name, name)
     source = BUNDLED_MODELS.get(base)
     if source is None:
         path = Path(name)
-        if path.suffix == ".gguf" and path.is_file():
+        if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
             return path
         raise ValueError(
-            f"unknown model {name!r}: use one of {known_model_names()} or a path to a .gguf file"
+            f"unknown model {name!r}: use one of {known_model_names()}, a path to a .gguf file "
+            "or a Hugging Face checkpoint directory (config.json + *.safetensors + tokenizer.json)"
         )
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:

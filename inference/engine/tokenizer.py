@@ -75,6 +75,7 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self._add_bos_token = add_bos_token and bos_token_id is not None
         self._add_eos_token = add_eos_token
+        self.chat_template_source = chat_template
         self._chat_template = _compile_chat_template(chat_template) if chat_template else None
         self.stop_token_ids = frozenset(
             {eos_token_id, *_end_of_turn_token_ids(chat_template or "", backend)}

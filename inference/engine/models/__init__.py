@@ -17,6 +17,13 @@ import torch
 from torch import nn
 
 from inference.engine.gguf_file import open_gguf, read_metadata, read_tensors
+from inference.engine.hf_checkpoint import (
+    HF_MODEL_TYPES,
+    is_hf_checkpoint,
+    read_hf_config,
+    read_hf_tokenizer,
+    read_hf_weights,
+)
 from inference.engine.model_files import TINY_RANDOM_MODELS, gguf_path_for
 from inference.engine.models.llama import LlamaConfig, LlamaForCausalLM, gguf_names_to_hf
 from inference.engine.tokenizer import Tokenizer
@@ -43,6 +50,8 @@ class LoadedModel:
 def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     started = time.monotonic()
     path = gguf_path_for(name)
+    if is_hf_checkpoint(path):
+        return _load_hf_checkpoint(path, device)
     reader = open_gguf(path)
     metadata = read_metadata(reader)
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
@@ -66,6 +75,20 @@ def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     model = model.to(device).eval()
     logger.info("loaded %s (%s) in %.1f s", name, arch, time.monotonic() - started)
     return LoadedModel(model, config, tokenizer, fingerprint[:16], config.max_position_embeddings)
+
+
+def _load_hf_checkpoint(path, device: torch.device) -> LoadedModel:
+    hf_config = read_hf_config(path)
+    config_cls, model_cls, _ = ARCHITECTURES[HF_MODEL_TYPES[hf_config["model_type"]]]
+    config = config_cls.from_hf_config(hf_config)
+    tokenizer = read_hf_tokenizer(path)
+    model = model_cls(config)
+    model.load_hf_weights(read_hf_weights(path))
+    sizes = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))
+    fingerprint = hashlib.sha256(f"{path.resolve()}:{sizes}:{config}".encode()).hexdigest()
+    return LoadedModel(
+        model.to(device).eval(), config, tokenizer, fingerprint[:16], config.max_position_embeddings
+    )
 
 
 @torch.no_grad()

@@ -48,6 +48,25 @@ class LlamaConfig:
             max_position_embeddings=int(md.get(f"{arch}.context_length", 2048)),
         )
 
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> LlamaConfig:
+        if hf.get("rope_scaling"):
+            raise ValueError(f"rope_scaling {hf['rope_scaling']!r} is not supported yet")
+        heads = int(hf["num_attention_heads"])
+        return cls(
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads),
+            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
