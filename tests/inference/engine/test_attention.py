@@ -62,9 +62,8 @@ def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, see
     meta = AttentionMetadata(torch.cat(slot_mapping), spans)
     write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D**-0.5)
-    expected = torch.cat(
-        [reference_attention(qs, k, v, D**-0.5) for qs, (k, v, _) in zip(queries, contexts)]
-    )
+    pairs = zip(queries, contexts, strict=True)
+    expected = torch.cat([reference_attention(qs, k, v, D**-0.5) for qs, (k, v, _) in pairs])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
