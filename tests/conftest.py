@@ -165,3 +165,15 @@ def celery_worker_process(
     yield start
     for worker in started:
         worker.stop(timeout_s=5.0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA; without it they are skipped, saying so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -21,7 +21,7 @@ from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.results import RunResult
-from inference.engine.bench.workload import Workload, build_workload
+from inference.engine.bench.workload import DECISION_MAX_TOKENS, Workload, build_workload
 
 RUN_NAMES = [*ENGINE_RUNS, "transformers"]
 
@@ -35,7 +35,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--prompt-tokens", default="1500-2500", help="LOW-HIGH: each prompt's size in tokens"
     )
-    parser.add_argument("--max-tokens", type=int, default=56, help="output tokens at most")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DECISION_MAX_TOKENS,
+        help="output tokens at most; the default is a cap the decision schema never reaches "
+        "(outputs end at ~50 tokens), so every output is complete JSON",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
     parser.add_argument(
         "--runs", default=",".join(RUN_NAMES), help=f"comma-separated subset of {RUN_NAMES}"
@@ -101,7 +107,12 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
             _progress(f"{name}: {spec.description}, {args.requests} requests")
             runs.append(
                 run_engine(
-                    engine, spec, workload, concurrency=args.concurrency, max_tokens=args.max_tokens
+                    engine,
+                    spec,
+                    workload,
+                    concurrency=args.concurrency,
+                    max_tokens=args.max_tokens,
+                    output_token_counts=_output_token_counts(runs, args),
                 )
             )
         finally:
@@ -112,20 +123,26 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
         workload = _workload(engine, args)
         engine.shutdown()
     if "transformers" in args.runs:
-        cached = next((run for run in runs if run.name == "cached"), None)
-        counts = [r.num_output_tokens for r in cached.records] if cached else []
-        counts = counts or [args.max_tokens] * args.requests
         _progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
         runs.append(
             run_transformers(
                 workload,
                 model=args.model,
                 num_requests=args.baseline_requests,
-                output_token_counts=counts,
+                output_token_counts=_output_token_counts(runs, args),
             )
         )
         _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
     return runs, workload
+
+
+def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> list[int]:
+    """What the main (cached) run made per request, so that the runs compared with it make the
+    same; max_tokens each when it was not run."""
+    cached = next((run for run in runs if run.name == "cached"), None)
+    if cached is None:
+        return [args.max_tokens] * args.requests
+    return [record.num_output_tokens for record in cached.records]
 
 
 def _engine(args: argparse.Namespace, enable_prefix_caching: bool) -> LLMEngine:

@@ -51,6 +51,7 @@ def run_transformers(
             "(or pass --skip-baseline)"
         ) from exc
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     path = gguf_path_for(model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -19,9 +19,10 @@ class EngineRunSpec:
     description: str
     enable_prefix_caching: bool
     use_schema: bool
-    # Without a schema the model may stop at any length; ignoring EOS keeps the decode work of
-    # the schema-off run comparable (per output token) with the schema-on runs.
-    ignore_eos: bool = False
+    # Without a schema the model stops wherever it likes. To compare decode per token with the
+    # schema-on run, this run ignores EOS and makes, per request, as many tokens as that run did:
+    # the same batch shapes, the same overlap with other requests' prefill chunks.
+    match_output_lengths: bool = False
 
 
 ENGINE_RUNS: dict[str, EngineRunSpec] = {
@@ -29,28 +30,41 @@ ENGINE_RUNS: dict[str, EngineRunSpec] = {
     for spec in [
         EngineRunSpec("cached", "engine, prefix caching on, JSON schema on", True, True),
         EngineRunSpec("uncached", "engine, prefix caching off, JSON schema on", False, True),
-        EngineRunSpec("no_schema", "engine, prefix caching on, no schema, ignore EOS", True, False,
-                      ignore_eos=True),
+        EngineRunSpec("no_schema", "engine, prefix caching on, no schema, same output lengths",
+                      True, False, match_output_lengths=True),
     ]
 }  # fmt: skip
 
 
 def run_engine(
-    engine: LLMEngine, spec: EngineRunSpec, workload: Workload, *, concurrency: int, max_tokens: int
+    engine: LLMEngine,
+    spec: EngineRunSpec,
+    workload: Workload,
+    *,
+    concurrency: int,
+    max_tokens: int,
+    output_token_counts: list[int] | None = None,
 ) -> RunResult:
-    """Run every request of `workload` on `engine` (fresh: its prefix cache must be empty)."""
+    """Run every request of `workload` on `engine` (fresh: its prefix cache must be empty).
+
+    `output_token_counts` (one per request) is what a `match_output_lengths` run makes."""
     schema = workload.schema if spec.use_schema else None
-    params = SamplingParams(
-        max_tokens=max_tokens, temperature=0.0, json_schema=schema, ignore_eos=spec.ignore_eos
-    )
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, json_schema=schema)
+    per_request = [params] * len(workload.requests)
+    if spec.match_output_lengths:
+        if output_token_counts is None or len(output_token_counts) != len(workload.requests):
+            raise ValueError(f"run {spec.name!r} needs one output token count per request")
+        per_request = [
+            dataclasses.replace(params, max_tokens=n, ignore_eos=True) for n in output_token_counts
+        ]
     # A one-token prompt fills no KV block, so this warms the model and compiles the grammar
     # without putting anything the workload could reuse into the prefix cache.
     engine.generate("Hi", dataclasses.replace(params, max_tokens=2))
     before = engine.stats()
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-worker") as pool:
-        outputs = list(pool.map(lambda messages: engine.generate([messages], params)[0],
-                                workload.requests))  # fmt: skip
+        outputs = list(pool.map(lambda messages, p: engine.generate([messages], p)[0],
+                                workload.requests, per_request))  # fmt: skip
     wall_s = time.perf_counter() - start
     after = engine.stats()
     return RunResult(

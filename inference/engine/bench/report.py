@@ -77,6 +77,17 @@ def summarize(run: RunResult) -> RunSummary:
     )
 
 
+def invalid_outputs(run: RunResult) -> list[dict[str, str]]:
+    """The outputs of a schema run that do not parse or validate, with why they ended."""
+    if run.schema is None:
+        return []
+    return [
+        {"text": r.text, "finish_reason": r.finish_reason}
+        for r in run.records
+        if not is_valid_decision(r.text, run.schema)
+    ]
+
+
 def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
     """The issue's three targets, from whichever of the runs they need were run."""
 
@@ -106,6 +117,7 @@ def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, Ru
                     "notes": run.notes,
                     "engine_stats": run.engine_stats,
                     "sample_output": run.records[0].text,
+                    "invalid_outputs": invalid_outputs(run),
                 }
                 for run in runs
             },
@@ -152,6 +164,11 @@ def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str
     lines += [f"- {run.name}: {run.description}" for run in runs]
     lines += [f"- {run.name}: {note}" for run in runs for note in run.notes]
     lines += [f"- {run.name}, first output: {run.records[0].text!r}" for run in runs]
+    lines += [
+        f"- {run.name}, INVALID output ({bad['finish_reason']}): {bad['text']!r}"
+        for run in runs
+        for bad in invalid_outputs(run)
+    ]
     lines.append("")
     for r in ratios(summaries):
         sign = "≥" if r.higher_is_better else "≤"

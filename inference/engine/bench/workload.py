@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 ACTIONS = ["go_to", "stay", "work", "eat", "buy", "talk_to", "rest"]
-REASON_MAX_CHARS = 120
+# The 135M model, left alone, gives one-word reasons; a minimum keeps outputs near the ~50
+# tokens a town decision averages (the original's was ~51). Letters and basic punctuation
+# only: no escapes, at most one token per character, and no digits (this model spells numbers
+# one token per digit, and given the memories' timestamps it would quote them).
+REASON_MIN_CHARS = 50
+REASON_MAX_CHARS = 100
+REASON_PATTERN = rf"^[A-Za-z ,.'!?-]{{{REASON_MIN_CHARS},{REASON_MAX_CHARS}}}$"
+# A cap no decision can reach: ~25 tokens of keys, action and place name, the reason at worst
+# one token per character, the closing quote and brace, EOS.
+DECISION_MAX_TOKENS = 25 + REASON_MAX_CHARS + 3
 
 _RULES = [
     "You are the mind of one resident of Pokomachi (ぽこまち), a small seaside town.",
@@ -28,7 +38,7 @@ _RULES = [
     "Work shifts matter: a resident with a shift starting within the hour goes to work.",
     "Rain closes the beach and the open-air market; the shrine stays open in any weather.",
     "Stay in character: a shy resident rarely talks to strangers, a chatty one often does.",
-    "The reason is one short sentence in plain English, at most 120 characters.",
+    "The reason is one sentence of plain English words, 50 to 100 characters, no digits.",
     "Festival days (お祭り) keep the shopping street open two hours longer than usual.",
     "Children must be home by 19:00; the elderly prefer quiet places in the afternoon.",
     "Gossip spreads: what is said at the bathhouse is known by the whole town next day.",
@@ -136,7 +146,12 @@ def decision_schema(place_names: list[str]) -> dict[str, Any]:
         "properties": {
             "action": {"type": "string", "enum": list(ACTIONS)},
             "target": {"type": "string", "enum": list(place_names)},
-            "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
+            "reason": {
+                "type": "string",
+                "minLength": REASON_MIN_CHARS,
+                "maxLength": REASON_MAX_CHARS,
+                "pattern": REASON_PATTERN,
+            },
         },
         "required": ["action", "target", "reason"],
         "additionalProperties": False,
@@ -158,9 +173,16 @@ def is_valid_decision(text: str, schema: dict[str, Any]) -> bool:
             return False
         if "enum" in rule and item not in rule["enum"]:
             return False
-        if "maxLength" in rule and len(item) > rule["maxLength"]:
+        if not rule.get("minLength", 0) <= len(item) <= rule.get("maxLength", len(item)):
+            return False
+        if "pattern" in rule and re.search(rule["pattern"], item) is None:
             return False
     return True
+
+
+def candidate_place_names() -> list[str]:
+    """Every name a workload's place table can hold (the schema's targets are some of them)."""
+    return [f"{roman} {kind}" for roman, _ in _NAME_PARTS for kind, _, _ in _KINDS]
 
 
 # ---- building the text -------------------------------------------------------------------

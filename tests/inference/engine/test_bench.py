@@ -11,7 +11,15 @@ from inference.engine.bench.__main__ import main
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.report import format_table, ratios, summarize, to_json
 from inference.engine.bench.results import RequestRecord, RunResult
-from inference.engine.bench.workload import build_workload, decision_schema, is_valid_decision
+from inference.engine.bench.workload import (
+    ACTIONS,
+    DECISION_MAX_TOKENS,
+    REASON_MAX_CHARS,
+    build_workload,
+    candidate_place_names,
+    decision_schema,
+    is_valid_decision,
+)
 
 SMALL = dict(num_requests=3, head_tokens=500, prompt_token_range=(620, 800))
 
@@ -61,13 +69,16 @@ def test_workload_rejects_impossible_sizes(tiny_engine, sizes, message) -> None:
 
 def test_is_valid_decision_checks_every_constraint() -> None:
     schema = decision_schema(["Kamome Cafe", "Hoshi Park"])
-    ok = {"action": "go_to", "target": "Hoshi Park", "reason": "A walk before lunch."}
+    ok = {"action": "go_to", "target": "Hoshi Park", "reason": "A walk in the park before lunch, "
+          "while the sun is still out."}  # fmt: skip
     assert is_valid_decision(json.dumps(ok), schema)
     bad = [
         '{"action": "go_to", "target": "Hoshi Park", "reason": "cut',
         json.dumps({**ok, "action": "fly"}),
         json.dumps({**ok, "target": "Tokyo Tower"}),
-        json.dumps({**ok, "reason": "x" * 121}),
+        json.dumps({**ok, "reason": "x" * 101}),
+        json.dumps({**ok, "reason": "Too short."}),
+        json.dumps({**ok, "reason": ok["reason"].replace("lunch", "12:00")}),
         json.dumps({**ok, "mood": "happy"}),
         json.dumps({"action": "go_to", "target": "Hoshi Park"}),
         json.dumps({**ok, "reason": 3}),
@@ -92,7 +103,7 @@ def _record(prompt, cached, output, prefill, decode, text="") -> RequestRecord:
 
 def _runs() -> list[RunResult]:
     schema = decision_schema(["Hoshi Park"])
-    valid = '{"action":"stay","target":"Hoshi Park","reason":"rain"}'
+    valid = json.dumps({"action": "stay", "target": "Hoshi Park", "reason": "r" * 60})
     cached = [_record(2000, 1184, 11, 1.0, 2.0, valid), _record(1000, 0, 21, 3.0, 4.0, "{")]
     uncached = [_record(2000, 0, 11, 5.0, 2.0, valid), _record(1000, 0, 21, 5.0, 4.0, valid)]
     no_schema = [_record(2000, 1184, 11, 1.0, 1.0), _record(1000, 0, 21, 3.0, 2.0)]
@@ -177,3 +188,13 @@ def test_cli_rejects_unknown_runs(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--runs", "cached,fastest"])
     assert "unknown ['fastest']" in capsys.readouterr().err
+
+
+def test_max_tokens_default_fits_the_longest_decision(tiny_engine) -> None:
+    worst = max(
+        len(tiny_engine.tokenizer.encode(f'{{"action":"{a}","target":"{t}","reason":"'))
+        for a in ACTIONS
+        for t in candidate_place_names()
+    )
+    # The reason: at most one token per character; then `"}` and EOS.
+    assert worst + REASON_MAX_CHARS + 3 <= DECISION_MAX_TOKENS
