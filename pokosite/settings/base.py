@@ -162,6 +162,9 @@ CELERY_RESULT_EXTENDED = True
 # must exceed the longest decision, or a slow one would be delivered twice.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("POKOMACHI_VISIBILITY_TIMEOUT", 900),
+    # kombu rescans for unacknowledged messages every 10 s × this throttle (default 10): at 1,
+    # a dead worker's decision is handed back within ~10 s of its visibility timeout.
+    "unacked_restore_throttle": 1,
 }
 
 # Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
