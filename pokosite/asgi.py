@@ -12,13 +12,17 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from pokosite.cloudflare_access.websocket import CloudflareAccessWebSocketMiddleware  # noqa: E402
 from pokosite.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            # Access inside the session stack: with Access on, the token's user replaces it.
+            AuthMiddlewareStack(
+                CloudflareAccessWebSocketMiddleware(URLRouter(websocket_urlpatterns))
+            )
         ),
     }
 )

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from django.urls import URLPattern
 
-websocket_urlpatterns: list[URLPattern] = []
+from town.routing import websocket_urlpatterns as town_websocket_urlpatterns
+
+websocket_urlpatterns: list[URLPattern] = [*town_websocket_urlpatterns]

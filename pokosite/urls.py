@@ -1,8 +1,8 @@
 """Top-level URLs. Apps mount their own urls.py here as they gain views."""
 
 from django.contrib import admin
-from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from pokosite.views import healthz
 
@@ -10,4 +10,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("api/", include("town.api.urls")),
 ]

@@ -249,3 +249,24 @@ class Decision(models.Model):
 
     def __str__(self) -> str:
         return f"decision {self.pk} ({self.resident_id} @ tick {self.tick_id}: {self.status})"
+
+
+class RunEvent(models.Model):
+    """What the live view was told about a run, in order (town/events.py writes them).
+
+    `seq` counts from 1 within a run without gaps, in commit order, so a client that reconnects
+    asks for the events after the last seq it saw and gets exactly the ones it missed.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=40)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="run_event_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} event {self.seq} ({self.kind})"

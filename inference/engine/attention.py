@@ -31,9 +31,23 @@ class SequenceSpan:
 
 
 @dataclass(slots=True)
+class SharedPrefix:
+    """Cached slots that several one-token spans all start with, read once for all of them.
+
+    A tick's decisions share a long head; in a decode step each would otherwise read the same
+    K/V from memory once per sequence (the cascade idea of FlashInfer, on the CPU).
+    """
+
+    span_indices: list[int]
+    view_runs: list[tuple[int, int]]
+    gathered_slots: torch.Tensor | None
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     spans: list[SequenceSpan]
+    shared: SharedPrefix | None = None
 
 
 def plan_span(
@@ -43,24 +57,59 @@ def plan_span(
     num_cached: int,
     block_size: int,
     device: torch.device,
+    skip_blocks: int = 0,
 ) -> SequenceSpan:
-    """Split the first `num_cached` context slots into in-place runs and a gathered remainder."""
+    """Split the cached-context slots (after `skip_blocks` shared blocks) into in-place runs and
+    a gathered remainder."""
     if query_len == 1:
         num_cached += 1
-    runs: list[tuple[int, int]] = []
     num_blocks = -(-num_cached // block_size)
-    for block_id in block_ids[:num_blocks]:
+    last_len = num_cached - (num_blocks - 1) * block_size if num_blocks > skip_blocks else 0
+    view_runs, gathered = _split_runs(
+        block_ids[skip_blocks:num_blocks], block_size, last_len, device
+    )
+    return SequenceSpan(query_start, query_len, num_cached, view_runs, gathered)
+
+
+def plan_shared_prefix(
+    decode_blocks: dict[int, list[int]],
+    num_full_blocks: dict[int, int],
+    block_size: int,
+    device: torch.device,
+) -> tuple[SharedPrefix, int] | None:
+    """The longest run of leading blocks that every one-token span (≥ 2 of them) shares,
+    and its length in blocks."""
+    if len(decode_blocks) < 2:
+        return None
+    lists = list(decode_blocks.values())
+    limit = min(num_full_blocks.values())
+    common = 0
+    while common < limit and all(blocks[common] == lists[0][common] for blocks in lists):
+        common += 1
+    if common * block_size < MIN_VIEW_SLOTS:
+        return None
+    view_runs, gathered = _split_runs(lists[0][:common], block_size, block_size, device)
+    return SharedPrefix(sorted(decode_blocks), view_runs, gathered), common
+
+
+def _split_runs(
+    block_ids: list[int], block_size: int, last_len: int, device: torch.device
+) -> tuple[list[tuple[int, int]], torch.Tensor | None]:
+    """Slot ranges of consecutive blocks (the last block holding `last_len` slots): long ones
+    are read in place, the short rest gathered once."""
+    runs: list[tuple[int, int]] = []
+    for block_id in block_ids:
         start = block_id * block_size
         if runs and runs[-1][1] == start:
             runs[-1] = (runs[-1][0], start + block_size)
         else:
             runs.append((start, start + block_size))
-    if runs and num_cached % block_size:  # the last block is only partly context
-        runs[-1] = (runs[-1][0], runs[-1][1] - block_size + num_cached % block_size)
+    if runs and last_len < block_size:
+        runs[-1] = (runs[-1][0], runs[-1][1] - block_size + last_len)
     view_runs = [run for run in runs if run[1] - run[0] >= MIN_VIEW_SLOTS]
     rest = [s for a, b in runs if b - a < MIN_VIEW_SLOTS for s in range(a, b)]
     gathered = torch.tensor(rest, dtype=torch.long, device=device) if rest else None
-    return SequenceSpan(query_start, query_len, num_cached, view_runs, gathered)
+    return view_runs, gathered
 
 
 def write_kv(
@@ -88,24 +137,45 @@ def paged_attention(
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = k.shape[1]
     group = n_heads // n_kv
-    for span in meta.spans:
+
+    def fold(span: SequenceSpan) -> torch.Tensor:
+        # Queries of one KV group share keys: fold the group into the query axis.
+        qs = q[span.query_start : span.query_start + span.query_len].transpose(0, 1)
+        return qs.reshape(1, n_kv, group * span.query_len, head_dim)  # (1, KVH, G*q_len, D)
+
+    shared_parts = {}
+    if meta.shared is not None:
+        shared = meta.shared
+        stacked = torch.cat([fold(meta.spans[i]) for i in shared.span_indices], dim=2)
+        o, lse = _merge(
+            _cached_parts(stacked, shared.view_runs, shared.gathered_slots, k_cache, v_cache, scale)
+        )
+        for n, i in enumerate(shared.span_indices):  # one query row per KV group each
+            rows = slice(n * group, (n + 1) * group)
+            shared_parts[i] = (o[:, :, rows], lse[:, :, rows])
+
+    for index, span in enumerate(meta.spans):
         rows = slice(span.query_start, span.query_start + span.query_len)
-        qs = q[rows].transpose(0, 1)  # (H, q_len, D)
         parts = []
         if span.query_len > 1:
-            parts.append(_causal_part(qs, k[rows], v[rows], group, scale))
-        if span.num_cached:
-            # Queries of one KV group share keys: fold the group into the query axis.
-            folded = qs.reshape(1, n_kv, group * span.query_len, head_dim)
-            for a, b in span.view_runs:
-                parts.append(_dense_part(folded, k_cache[a:b], v_cache[a:b], scale))
-            if span.gathered_slots is not None:
-                ks = k_cache.index_select(0, span.gathered_slots)
-                vs = v_cache.index_select(0, span.gathered_slots)
-                parts.append(_dense_part(folded, ks, vs, scale))
-        merged = _merge(parts)  # (1, KVH, G*q_len, D)
+            parts.append(_causal_part(q[rows].transpose(0, 1), k[rows], v[rows], group, scale))
+        if index in shared_parts:
+            parts.append(shared_parts[index])
+        parts += _cached_parts(
+            fold(span), span.view_runs, span.gathered_slots, k_cache, v_cache, scale
+        )
+        merged, _ = _merge(parts)  # (1, KVH, G*q_len, D)
         out[rows] = merged.view(n_heads, span.query_len, head_dim).transpose(0, 1)
     return out
+
+
+def _cached_parts(folded, view_runs, gathered_slots, k_cache, v_cache, scale: float):
+    parts = [_dense_part(folded, k_cache[a:b], v_cache[a:b], scale) for a, b in view_runs]
+    if gathered_slots is not None:
+        ks = k_cache.index_select(0, gathered_slots)
+        vs = v_cache.index_select(0, gathered_slots)
+        parts.append(_dense_part(folded, ks, vs, scale))
+    return parts
 
 
 def _flash(q, k, v, causal: bool, scale: float):
@@ -134,11 +204,13 @@ def _dense_part(folded, k_ctx, v_ctx, scale: float):
 
 
 def _merge(parts):
+    """Combine attention over disjoint key sets: weight each by exp(lse_i - logsumexp)."""
     if len(parts) == 1:
-        return parts[0][0]
+        return parts[0]
     lses = torch.stack([lse for _, lse in parts])  # (P, 1, KVH, G*q)
-    weights = torch.softmax(lses, dim=0).unsqueeze(-1)  # exp(lse_i - logsumexp)
-    return (torch.stack([o for o, _ in parts]) * weights).sum(0)
+    weights = torch.softmax(lses, dim=0).unsqueeze(-1)
+    merged = (torch.stack([o for o, _ in parts]) * weights).sum(0)
+    return merged, torch.logsumexp(lses, dim=0)
 
 
 def _sdpa_with_lse(q, k, v, causal: bool, scale: float):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.attention import AttentionMetadata, plan_span
+from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.sampler import sample
@@ -44,7 +44,8 @@ class ModelRunner:
         spans = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
-        for scheduled in output.scheduled:
+        shared = self._plan_shared_prefix(output)
+        for index, scheduled in enumerate(output.scheduled):
             request = scheduled.request
             start = request.num_computed_tokens
             end = start + scheduled.num_new_tokens
@@ -53,6 +54,7 @@ class ModelRunner:
             input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
+            skip = shared[1] if shared and index in shared[0].span_indices else 0
             spans.append(
                 plan_span(
                     query_start,
@@ -61,13 +63,16 @@ class ModelRunner:
                     start,
                     self.block_size,
                     self.device,
+                    skip_blocks=skip,
                 )
             )
             if end == request.num_tokens:
                 sampling.append(request)
                 logits_rows.append(len(input_ids) - 1)
 
-        meta = AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
+        meta = AttentionMetadata(
+            torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
+        )
         logits = self.model(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
@@ -82,6 +87,16 @@ class ModelRunner:
             logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
         )
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+
+    def _plan_shared_prefix(self, output: SchedulerOutput):
+        """Leading cached blocks shared by the decoding requests of this step, if any."""
+        decode_blocks, num_full = {}, {}
+        for index, scheduled in enumerate(output.scheduled):
+            if scheduled.num_new_tokens == 1:
+                decode_blocks[index] = scheduled.block_ids
+                # Blocks before the one that receives this step's token.
+                num_full[index] = scheduled.request.num_computed_tokens // self.block_size
+        return plan_shared_prefix(decode_blocks, num_full, self.block_size, self.device)
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
         size = self.block_size

@@ -3,7 +3,8 @@
 Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
-POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP. The launcher's own: pokosite/launcher.py.
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP, CF_ACCESS_* (Cloudflare Access,
+below). The launcher's own: pokosite/launcher.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Local state (SQLite database, embedded Redis): ignored by git, created on first use.
@@ -66,8 +68,10 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / Redoc assets, served from static/
     "inference.apps.InferenceConfig",
     "town.apps.TownConfig",
+    "pokosite.cloudflare_access.apps.CloudflareAccessConfig",
 ]
 
 MIDDLEWARE = [
@@ -76,6 +80,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Right after the session user is set: with Access on, the token's user replaces it.
+    "pokosite.cloudflare_access.middleware.CloudflareAccessMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -94,6 +100,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "pokosite.cloudflare_access.context_processors.cloudflare_access",
             ],
         },
     },
@@ -178,10 +185,15 @@ INFERENCE_ENGINE = {
 }
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
+# Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
+INFERENCE_METRICS_PREFIX = os.environ.get("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
+# How long /v1/chat/completions waits for its node to answer.
+OPENAI_API_TIMEOUT_S = float(os.environ.get("POKOMACHI_OPENAI_TIMEOUT", "600"))
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "pokosite.cloudflare_access.authentication.CloudflareAccessAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
 }
@@ -190,11 +202,41 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A town whose residents decide with an LLM served by our own engine.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "town.models.Run.Status",
+        "TickStatusEnum": "town.models.Tick.Status",
+        "DecisionStatusEnum": "town.models.Decision.Status",
+    },
 }
 
 # Cloudflare Access (issue 8): when both are set, every request must carry a valid Access JWT.
-CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")
-CF_ACCESS_AUD = os.environ.get("CF_ACCESS_AUD", "")
+# Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.
+CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")  # myteam.cloudflareaccess.com
+CF_ACCESS_AUD = os.environ.get("CF_ACCESS_AUD", "")  # the application's AUD tag (comma: several)
+# Staff / superuser under Access come from these lists only (emails, or Access group names or ids
+# the token lists in its `groups` claim), set again on every visit.
+CF_ACCESS_STAFF_EMAILS = env_list("CF_ACCESS_STAFF_EMAILS", [])
+CF_ACCESS_SUPERUSER_EMAILS = env_list("CF_ACCESS_SUPERUSER_EMAILS", [])
+CF_ACCESS_STAFF_GROUPS = env_list("CF_ACCESS_STAFF_GROUPS", [])
+CF_ACCESS_SUPERUSER_GROUPS = env_list("CF_ACCESS_SUPERUSER_GROUPS", [])
+# What service tokens (machine clients) may reach: "/api/" is a prefix, "/metrics" one path.
+CF_ACCESS_SERVICE_TOKEN_PATHS = env_list(
+    "CF_ACCESS_SERVICE_TOKEN_PATHS", ["/api/", "/v1/", "/metrics"]
+)
+CF_ACCESS_LEEWAY_S = env_int("CF_ACCESS_LEEWAY_S", 30)  # clock skew allowed on exp/nbf/iat
+# The team's keys: <team domain>/cdn-cgi/access/certs unless set; kept this long, fetched again
+# early (at most once per cooldown) when a token names a key id not in them.
+CF_ACCESS_CERTS_URL = os.environ.get("CF_ACCESS_CERTS_URL", "")
+CF_ACCESS_JWKS_LIFESPAN_S = env_int("CF_ACCESS_JWKS_LIFESPAN_S", 300)
+CF_ACCESS_JWKS_COOLDOWN_S = env_int("CF_ACCESS_JWKS_COOLDOWN_S", 30)
+if bool(CF_ACCESS_TEAM_DOMAIN.strip()) != bool(CF_ACCESS_AUD.strip()):
+    raise ImproperlyConfigured(
+        "set both CF_ACCESS_TEAM_DOMAIN and CF_ACCESS_AUD to turn Cloudflare Access on, "
+        "or neither for local use"
+    )
 
 LOG_LEVEL = os.environ.get("POKOMACHI_LOG_LEVEL", "INFO").upper()
 LOGGING = {

@@ -1,5 +1,9 @@
 """Production settings: behind a TLS-terminating proxy (Cloudflare Tunnel), secrets from the
-environment. Refuses to start without POKOMACHI_SECRET_KEY and POKOMACHI_ALLOWED_HOSTS."""
+environment. Refuses to start without POKOMACHI_SECRET_KEY and POKOMACHI_ALLOWED_HOSTS.
+
+Static files are served by whitenoise from STATIC_ROOT (`manage.py collectstatic`, which the
+Dockerfile runs), placed after the Cloudflare Access middleware so they too need a token.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from pokosite.settings.base import *  # noqa: F403
-from pokosite.settings.base import env_list
+from pokosite.settings.base import MIDDLEWARE, env_bool, env_int, env_list
 
 
 def _env_required(name: str, hint: str) -> str:
@@ -35,3 +39,22 @@ SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+# Cloudflare redirects http to https at the edge; the origin only hears the tunnel, over http,
+# so redirecting here would loop. HSTS is off unless asked for (it outlives a wrong setting).
+SECURE_SSL_REDIRECT = env_bool("POKOMACHI_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("POKOMACHI_HSTS_SECONDS", 0)
+
+_ACCESS_MIDDLEWARE = "pokosite.cloudflare_access.middleware.CloudflareAccessMiddleware"
+MIDDLEWARE = [*MIDDLEWARE]
+MIDDLEWARE.insert(
+    MIDDLEWARE.index(_ACCESS_MIDDLEWARE) + 1, "whitenoise.middleware.WhiteNoiseMiddleware"
+)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Hashed names (cache forever) and pre-compressed copies; needs collectstatic.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from inference.errors import UnknownNodeError
 from inference.nodes import node_names, node_require
+from town import events
 from town.errors import RunStateError, TownError
 from town.models import Resident, ResidentState, Run, Town
 from town.prompts import LAYOUTS
@@ -113,6 +114,7 @@ def _require(run: Run, allowed: tuple[str, ...], verb: str, hint: str) -> None:
 
 def _save(run: Run, *fields: str) -> Run:
     run.save(update_fields=["status", *fields])
+    events.run_state_emit(run=run)
     return run
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from town import events
 from town.effects import time_passes
 from town.models import Decision, Memory, ResidentState, Run, Tick
 from town.prompts import prompt_build
@@ -74,8 +75,10 @@ def tick_finish(*, tick: Tick) -> Tick:
     assert tick.status == Tick.Status.DECIDING, f"{tick} is finished already"
     run = Run.objects.select_for_update().get(pk=tick.run_id)
     world = world_load(run=run, tick_index=tick.index)
+    places_before = {r.id: r.place_id for r in world.residents}
+    decisions = tick_decisions(tick=tick)
     notes = []
-    for decision in tick_decisions(tick=tick):
+    for decision in decisions:
         notes += decision_apply(world=world, decision=decision)
     time_passes(world)
     _world_save(run=run, world=world)
@@ -85,7 +88,16 @@ def tick_finish(*, tick: Tick) -> Tick:
     )
     tick.status, tick.finished_at = Tick.Status.DONE, timezone.now()
     tick.save(update_fields=["status", "finished_at"])
+    status_before = run.status
     _run_count_tick(run)
+    events.tick_finished_emit(
+        run=run,
+        tick=tick,
+        decisions=decisions,
+        world=world,
+        places_before=places_before,
+        status_before=status_before,
+    )
     return tick
 
 

@@ -77,13 +77,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_at_start = os.getloadavg()[0]
     try:
         runs, workload = _run_all(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     summaries = {run.name: summarize(run) for run in runs}
-    meta = _meta(args, workload)
+    meta = _meta(args, workload, started, load_at_start)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             f.write(to_json(meta, runs, summaries) + "\n")
@@ -162,7 +164,7 @@ def _workload(engine: LLMEngine, args: argparse.Namespace) -> Workload:
     )
 
 
-def _meta(args: argparse.Namespace, workload: Workload) -> dict:
+def _meta(args: argparse.Namespace, workload: Workload, started: str, load: float) -> dict:
     return {
         "command": " ".join(["python -m inference.engine.bench", *args.argv]),
         "machine": {
@@ -171,7 +173,9 @@ def _meta(args: argparse.Namespace, workload: Workload) -> dict:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": started,
+            # The machine is shared: a load above the core count means the numbers are noisy.
+            "load_avg_1m_at_start": round(load, 2),
         },
         "workload": {
             "model": args.model,
@@ -190,8 +194,8 @@ def _meta(args: argparse.Namespace, workload: Workload) -> dict:
 def _header(meta: dict) -> str:
     m, w = meta["machine"], meta["workload"]
     return (
-        f"{m['date']} · {m['cpu']} · {m['nproc']} CPUs · torch {m['torch']} "
-        f"({m['torch_threads']} threads)\n"
+        f"{m['date']} · {m['cpu']} · {m['nproc']} CPUs (load {m['load_avg_1m_at_start']}) · "
+        f"torch {m['torch']} ({m['torch_threads']} threads)\n"
         f"{w['model']}: {w['num_requests']} requests, {w['concurrency']} in flight, "
         f"head {w['head_tokens']} tokens (shared prefix {w['shared_prefix_tokens']}), "
         f"prompts {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])} tokens, "

@@ -9,6 +9,7 @@ from inference.engine.attention import (
     AttentionMetadata,
     _sdpa_with_lse,
     paged_attention,
+    plan_shared_prefix,
     plan_span,
     reference_attention,
     write_kv,
@@ -77,3 +78,35 @@ def test_portable_lse_path_matches_the_cpu_flash_op():
         )
         torch.testing.assert_close(ours[0], theirs[0], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(ours[1], theirs[1], atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
+    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    torch.manual_seed(5)
+    k_cache = torch.randn(64 * BLOCK, KVH, D)
+    v_cache = torch.randn_like(k_cache)
+    head = [3, 4, 5, 9]  # shared blocks (two runs: 3-5 in place, 9 gathered)
+    own = {0: [20, 21], 1: [30], 2: [40, 41, 42]}
+    lengths = {0: 4 * BLOCK + 6, 1: 4 * BLOCK + 2, 2: 4 * BLOCK + 9}  # contexts incl. new token
+    device = torch.device("cpu")
+    blocks = {i: head + own[i] for i in own}
+    num_full = {i: (lengths[i] - 1) // BLOCK for i in own}
+    shared, common = plan_shared_prefix(blocks, num_full, BLOCK, device)
+    assert common == 4 and shared.span_indices == [0, 1, 2]
+    assert shared.view_runs == [(12, 24)] and shared.gathered_slots.tolist() == list(range(36, 40))
+    spans = [
+        plan_span(i, 1, blocks[i], lengths[i] - 1, BLOCK, device, skip_blocks=common) for i in own
+    ]
+    q = torch.randn(3, H, D)
+    k_new, v_new = torch.randn(3, KVH, D), torch.randn(3, KVH, D)
+    slots = torch.tensor(
+        [blocks[i][(lengths[i] - 1) // BLOCK] * BLOCK + (lengths[i] - 1) % BLOCK for i in own]
+    )
+    write_kv(k_new, v_new, k_cache, v_cache, slots)
+    out = paged_attention(
+        q, k_new, v_new, k_cache, v_cache, AttentionMetadata(slots, spans, shared), D**-0.5
+    )
+    for i in own:
+        ctx = torch.tensor([b * BLOCK + o for b in blocks[i] for o in range(BLOCK)][: lengths[i]])
+        expected = reference_attention(q[i : i + 1], k_cache[ctx], v_cache[ctx], D**-0.5)
+        torch.testing.assert_close(out[i : i + 1], expected, atol=1e-5, rtol=1e-4)

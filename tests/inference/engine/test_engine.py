@@ -208,3 +208,20 @@ def test_prompt_that_cannot_fit_the_kv_cache_is_rejected(make_tiny_engine):
     small = make_tiny_engine(num_kv_blocks=4)
     with pytest.raises(ValueError, match="KV blocks"):
         small.generate(list(range(100, 160)), SamplingParams(max_tokens=20))
+
+
+def test_decoding_requests_sharing_a_head_match_the_uncached_engine(
+    tiny_engine, tiny_engine_uncached
+):
+    # Four requests decode together over a 96-token shared head: the head's K/V is read once
+    # per step for all of them (shared-prefix attention) and must change nothing.
+    rng = random.Random(99)
+    head = [rng.randrange(5, 40000) for _ in range(96)]
+    prompts = [head + [rng.randrange(5, 40000) for _ in range(3 + 7 * i)] for i in range(4)]
+    params = dict(max_tokens=20, temperature=0.0, ignore_eos=True)
+    salt = uuid.uuid4().hex
+    tiny_engine.generate(head + [1], SamplingParams(max_tokens=1, cache_salt=salt))
+    cached = tiny_engine.generate(prompts, SamplingParams(cache_salt=salt, **params))
+    uncached = tiny_engine_uncached.generate(prompts, SamplingParams(**params))
+    assert [o.metrics.num_cached_tokens for o in cached] == [96] * 4
+    assert [o.token_ids for o in cached] == [o.token_ids for o in uncached]

@@ -1,0 +1,1 @@
+"""The town's REST API (Django REST framework): thin viewsets over town services and selectors."""

@@ -1,0 +1,60 @@
+"""How the API answers errors: unknown ids 404, bad input 400 with field messages, a run in the
+wrong state 409. The town's own errors become those answers here, so views just call services.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from town.errors import RunStateError, TownError
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RunStateError):
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, TownError):
+        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+    return drf_exception_handler(exc, context)
+
+
+class TownApiErrorsMixin:
+    """Viewsets that answer town errors as 400/409 (without changing the project's DRF settings)."""
+
+    def get_exception_handler(self):
+        return api_exception_handler
+
+
+def int_param(params: Any, name: str) -> int | None:
+    """An integer query parameter, None when absent; 400 naming the parameter when malformed."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValidationError({name: [f"must be a whole number (an id), got {raw!r}"]}) from None
+
+
+def bool_param(params: Any, name: str) -> bool | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ValidationError({name: [f"must be true or false, got {raw!r}"]})
+
+
+def choice_param(params: Any, name: str, choices: list[str]) -> str | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw not in choices:
+        raise ValidationError({name: [f"must be one of {', '.join(choices)}; got {raw!r}"]})
+    return raw

@@ -1,0 +1,260 @@
+"""Serializers: models out as JSON, and the request bodies the write endpoints take."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from town.models import Decision, Place, Resident, ResidentState, Run, Tick, Town
+from town.prompts import LAYOUTS
+from town.selectors import run_summary
+
+
+class TownSerializer(serializers.HyperlinkedModelSerializer):
+    num_places = serializers.IntegerField(source="places.count", read_only=True)
+    num_residents = serializers.IntegerField(source="residents.count", read_only=True)
+
+    class Meta:
+        model = Town
+        fields = ["id", "url", "name", "seed", "created_at", "num_places", "num_residents"]
+        extra_kwargs = {"url": {"view_name": "api:town-detail"}}
+
+
+class PlaceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Place
+        fields = [
+            "id",
+            "town",
+            "name",
+            "name_ja",
+            "kind",
+            "description",
+            "x",
+            "y",
+            "opens_at",
+            "closes_at",
+            "capacity",
+            "menu",
+        ]
+
+
+class ResidentStateSerializer(serializers.ModelSerializer):
+    place_name = serializers.CharField(source="place.name", read_only=True)
+
+    class Meta:
+        model = ResidentState
+        fields = ["run", "place", "place_name", "money", "hunger", "energy", "visits"]
+
+
+class ResidentSerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField(
+        help_text="The state in the run given by ?run=, else in the latest run of the town; "
+        "null before any run."
+    )
+
+    class Meta:
+        model = Resident
+        fields = [
+            "id",
+            "town",
+            "name",
+            "age",
+            "occupation",
+            "personality",
+            "likes",
+            "home",
+            "workplace",
+            "wage_per_hour",
+            "money",
+            "hunger",
+            "energy",
+            "state",
+        ]
+
+    @extend_schema_field(ResidentStateSerializer(allow_null=True))
+    def get_state(self, resident: Resident) -> dict[str, Any] | None:
+        state = self.context.get("states", {}).get(resident.pk)
+        return ResidentStateSerializer(state).data if state is not None else None
+
+
+class RunSummarySerializer(serializers.Serializer):
+    num_decisions = serializers.IntegerField()
+    num_valid = serializers.IntegerField()
+    num_retried = serializers.IntegerField()
+    token_cache_hit_rate = serializers.FloatField(help_text="cached / prompt tokens, 0..1")
+    mean_cached_tokens = serializers.FloatField()
+    mean_prompt_tokens = serializers.FloatField()
+    mean_output_tokens = serializers.FloatField()
+    mean_prefill_s = serializers.FloatField()
+    mean_queue_s = serializers.FloatField()
+    mean_decode_s = serializers.FloatField()
+    median_e2e_s = serializers.FloatField(help_text="The app's: dispatched → answered.")
+    median_engine_e2e_s = serializers.FloatField()
+
+
+class RunSerializer(serializers.HyperlinkedModelSerializer):
+    summary = serializers.SerializerMethodField(help_text="The talk's summary table (slide 15).")
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "url",
+            "town",
+            "layout",
+            "model",
+            "nodes",
+            "concurrency",
+            "retention_interval",
+            "seed",
+            "temperature",
+            "max_tokens",
+            "minutes_per_tick",
+            "decision_timeout_s",
+            "ticks_target",
+            "status",
+            "num_ticks_done",
+            "num_steps_pending",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "summary",
+        ]
+        read_only_fields = fields
+        extra_kwargs = {
+            "url": {"view_name": "api:run-detail"},
+            "town": {"view_name": "api:town-detail"},
+        }
+
+    @extend_schema_field(RunSummarySerializer)
+    def get_summary(self, run: Run) -> dict[str, Any]:
+        return dataclasses.asdict(run_summary(run=run))
+
+
+class RunCreateSerializer(serializers.Serializer):
+    """The body of POST /api/runs/: what run_create takes."""
+
+    town = serializers.PrimaryKeyRelatedField(queryset=Town.objects.all())
+    layout = serializers.ChoiceField(choices=list(LAYOUTS), default=Run.Layout.SHARED_HEAD)
+    nodes = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="Default: every node."
+    )
+    concurrency = serializers.IntegerField(min_value=1, default=4)
+    seed = serializers.IntegerField(default=0)
+    ticks_target = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    retention_interval = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=0.0)
+    minutes_per_tick = serializers.IntegerField(min_value=1, default=120)
+    decision_timeout_s = serializers.FloatField(min_value=0.001, required=False)
+    model = serializers.CharField(required=False, help_text="Must be the model the nodes serve.")
+    start = serializers.BooleanField(default=False, help_text="Start the run at once.")
+
+
+class TickSerializer(serializers.ModelSerializer):
+    num_decisions = serializers.IntegerField(source="decisions.count", read_only=True)
+
+    class Meta:
+        model = Tick
+        fields = [
+            "id",
+            "run",
+            "index",
+            "day",
+            "minute_of_day",
+            "phase",
+            "status",
+            "started_at",
+            "finished_at",
+            "num_decisions",
+        ]
+
+
+DECISION_LIST_FIELDS = [
+    "id",
+    "url",
+    "run",
+    "tick",
+    "tick_index",
+    "resident",
+    "resident_name",
+    "node",
+    "status",
+    "action",
+    "target",
+    "reason",
+    "valid",
+    "error",
+    "attempts",
+    "retries",
+    "worker",
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_output_tokens",
+    "lost_tokens",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "ttft_s",
+    "engine_e2e_s",
+    "app_e2e_s",
+    "app_latency_s",
+    "dispatched_at",
+    "started_at",
+    "computed_at",
+    "applied_at",
+]
+
+
+class DecisionSerializer(serializers.HyperlinkedModelSerializer):
+    id = serializers.IntegerField(read_only=True)
+    run = serializers.PrimaryKeyRelatedField(read_only=True)
+    tick = serializers.PrimaryKeyRelatedField(read_only=True)
+    resident = serializers.PrimaryKeyRelatedField(read_only=True)
+    tick_index = serializers.IntegerField(source="tick.index", read_only=True)
+    resident_name = serializers.CharField(source="resident.name", read_only=True)
+
+    class Meta:
+        model = Decision
+        fields = DECISION_LIST_FIELDS
+        read_only_fields = fields
+        extra_kwargs = {"url": {"view_name": "api:decision-detail"}}
+
+
+class DecisionDetailSerializer(DecisionSerializer):
+    """Everything, the prompt and the raw output included."""
+
+    class Meta(DecisionSerializer.Meta):
+        fields = [
+            *DECISION_LIST_FIELDS,
+            "messages",
+            "prompt_hash",
+            "head_hash",
+            "json_schema",
+            "resident_state",
+            "raw_output",
+            "output_token_ids",
+            "finish_reason",
+            "metrics",
+        ]
+        read_only_fields = fields
+
+
+class DecisionRequestSerializer(serializers.Serializer):
+    """The body of POST /api/decisions/: whose decision, in which run."""
+
+    run = serializers.PrimaryKeyRelatedField(queryset=Run.objects.all())
+    resident = serializers.PrimaryKeyRelatedField(queryset=Resident.objects.all())
+
+
+class DecisionAcceptedSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    url = serializers.URLField()
+    status = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()

@@ -1,0 +1,240 @@
+"""Run events: what the live view is told, stored with a per-run sequence number and sent to the
+run's Channels group — the one place group sends happen.
+
+Storage: a RunEvent row per event, written in the same transaction as the change it reports,
+and sent to the group only once that transaction commits. `seq` is allocated under a lock on the
+run's row (SQLite: its IMMEDIATE write lock), so seqs count 1, 2, 3, ... without gaps and commit
+in that order: when event N reaches a consumer, events 1..N-1 are in the database already, and
+the consumer can fill any gap (a group message dropped or overtaken) from there. A client that
+reconnects says the last seq it saw and gets exactly what it missed (`events_after`).
+
+Event kinds and their data (ids are database ids; every event also has seq, kind, at):
+  decision.started   decision_id, resident_id, tick_index, node — the resident is thinking
+  decision.applied   decision_id, resident_id, resident_name, tick_index, action, target,
+                     reason, valid, error, status, tokens and latencies (see `decision_numbers`)
+  resident.moved     resident_id, from_place_id, to_place_id, tick_index
+  tick.advanced      tick_index, num_ticks_done, clock, open_place_ids, residents, summary
+  run.state          status, num_ticks_done, num_steps_pending
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import Max
+
+from town.models import Decision, Run, RunEvent, Tick
+from town.selectors import run_clock, run_summary
+from town.world import World
+
+logger = logging.getLogger(__name__)
+
+DECISION_STARTED = "decision.started"
+DECISION_APPLIED = "decision.applied"
+RESIDENT_MOVED = "resident.moved"
+TICK_ADVANCED = "tick.advanced"
+RUN_STATE = "run.state"
+
+# The consumer's handler for group messages: Channels maps type "run.event" to `run_event`.
+GROUP_MESSAGE_TYPE = "run.event"
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def event_message(event: RunEvent) -> dict[str, Any]:
+    """An event as the WebSocket client receives it."""
+    return {
+        "seq": event.seq,
+        "kind": event.kind,
+        "at": event.created_at.isoformat(),
+        "data": event.data,
+    }
+
+
+def _group_send(run_id: int, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            run_group(run_id), {"type": GROUP_MESSAGE_TYPE, "event": message}
+        )
+    except Exception as exc:
+        # The event is stored: connected clients get it with the next event (gap fill) or
+        # when they reconnect. The town must not stop because the channel layer hiccupped.
+        logger.warning("run %s: event %s not broadcast (%s)", run_id, message["seq"], exc)
+
+
+def event_emit(*, run_id: int, kind: str, data: dict[str, Any]) -> RunEvent:
+    """Store the event with the run's next seq; broadcast it once the transaction commits."""
+    with transaction.atomic():
+        # The lock orders concurrent emitters (tick loop, web buttons) on this run.
+        Run.objects.select_for_update().filter(pk=run_id).values_list("pk").get()
+        last = RunEvent.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+        event = RunEvent.objects.create(run_id=run_id, seq=last + 1, kind=kind, data=data)
+        message = event_message(event)
+        transaction.on_commit(lambda: _group_send(run_id, message))
+    return event
+
+
+def events_after(*, run_id: int, after_seq: int, up_to_seq: int | None = None) -> list[dict]:
+    """The run's events with after_seq < seq (<= up_to_seq), in order, as messages."""
+    events = RunEvent.objects.filter(run_id=run_id, seq__gt=after_seq)
+    if up_to_seq is not None:
+        events = events.filter(seq__lte=up_to_seq)
+    return [event_message(e) for e in events.order_by("seq")]
+
+
+def last_seq(*, run_id: int) -> int:
+    return RunEvent.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+
+
+# What each event says, built from the objects the services hold.
+
+
+def decision_numbers(decision: Decision) -> dict[str, Any]:
+    """Tokens and latencies of a decision (latency_s: the app's dispatched → answered)."""
+    return {
+        "num_prompt_tokens": decision.num_prompt_tokens,
+        "num_cached_tokens": decision.num_cached_tokens,
+        "num_output_tokens": decision.num_output_tokens,
+        "latency_s": decision.app_e2e_s,
+        "engine_e2e_s": decision.engine_e2e_s,
+        "queue_s": decision.queue_s,
+        "prefill_s": decision.prefill_s,
+        "decode_s": decision.decode_s,
+    }
+
+
+def decision_applied_data(
+    decision: Decision, *, tick_index: int, resident_name: str
+) -> dict[str, Any]:
+    return {
+        "decision_id": decision.pk,
+        "resident_id": decision.resident_id,
+        "resident_name": resident_name,
+        "tick_index": tick_index,
+        "action": decision.action,
+        "target": decision.target,
+        "reason": decision.reason,
+        "valid": decision.valid,
+        "error": decision.error,
+        "status": decision.status,
+        **decision_numbers(decision),
+    }
+
+
+def clock_data(*, run: Run, tick_index: int) -> dict[str, Any]:
+    clock = run_clock(run=run, tick_index=tick_index)
+    return {
+        "tick_index": tick_index,
+        "day": clock.day,
+        "hhmm": clock.hhmm,
+        "phase": clock.phase,
+        "minute_of_day": clock.minute_of_day,
+    }
+
+
+def summary_data(*, run: Run) -> dict[str, Any]:
+    summary = run_summary(run=run)
+    return {
+        "num_decisions": summary.num_decisions,
+        "token_cache_hit_rate": summary.token_cache_hit_rate,
+        "median_e2e_s": summary.median_e2e_s,
+        "mean_cached_tokens": summary.mean_cached_tokens,
+        "mean_prompt_tokens": summary.mean_prompt_tokens,
+    }
+
+
+def run_state_data(run: Run) -> dict[str, Any]:
+    return {
+        "status": run.status,
+        "num_ticks_done": run.num_ticks_done,
+        "num_steps_pending": run.num_steps_pending,
+    }
+
+
+# The emission calls the services make.
+
+
+def decision_started_emit(*, decision: Decision, tick_index: int) -> None:
+    event_emit(
+        run_id=decision.run_id,
+        kind=DECISION_STARTED,
+        data={
+            "decision_id": decision.pk,
+            "resident_id": decision.resident_id,
+            "tick_index": tick_index,
+            "node": decision.node,
+        },
+    )
+
+
+def run_state_emit(*, run: Run) -> None:
+    event_emit(run_id=run.pk, kind=RUN_STATE, data=run_state_data(run))
+
+
+def tick_finished_emit(
+    *,
+    run: Run,
+    tick: Tick,
+    decisions: list[Decision],
+    world: World,
+    places_before: dict[int, int],
+    status_before: str,
+) -> None:
+    """A finished tick, in the order a viewer should see it: each decision, who moved where,
+    the new clock and states, and the run's state if the tick ended the run."""
+    for decision in decisions:
+        event_emit(
+            run_id=run.pk,
+            kind=DECISION_APPLIED,
+            data=decision_applied_data(
+                decision,
+                tick_index=tick.index,
+                resident_name=world.resident(decision.resident_id).name,
+            ),
+        )
+    for resident in world.residents:
+        before = places_before[resident.id]
+        if resident.place_id != before:
+            event_emit(
+                run_id=run.pk,
+                kind=RESIDENT_MOVED,
+                data={
+                    "resident_id": resident.id,
+                    "from_place_id": before,
+                    "to_place_id": resident.place_id,
+                    "tick_index": tick.index,
+                },
+            )
+    next_clock = run_clock(run=run, tick_index=run.num_ticks_done)
+    event_emit(
+        run_id=run.pk,
+        kind=TICK_ADVANCED,
+        data={
+            "tick_index": tick.index,
+            "num_ticks_done": run.num_ticks_done,
+            "clock": clock_data(run=run, tick_index=run.num_ticks_done),
+            "open_place_ids": [p.id for p in world.places if p.is_open(next_clock)],
+            "residents": [
+                {
+                    "id": r.id,
+                    "place_id": r.place_id,
+                    "money": r.money,
+                    "hunger": r.hunger,
+                    "energy": r.energy,
+                }
+                for r in world.residents
+            ],
+            "summary": summary_data(run=run),
+        },
+    )
+    if run.status != status_before:
+        run_state_emit(run=run)

@@ -1,0 +1,232 @@
+"""What the town view reads: a run's snapshot (the state a live client starts from, with the seq
+it is current to), a resident's detail panel, and a past run's replay, tick by tick.
+
+Plain dicts, ready for JSON; the consumer and the views only pass them on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from town.clock import Clock
+from town.events import (
+    DECISION_APPLIED,
+    clock_data,
+    decision_applied_data,
+    decision_numbers,
+    event_message,
+    last_seq,
+    run_state_data,
+    summary_data,
+)
+from town.models import Decision, Memory, Place, Resident, ResidentState, Run, RunEvent, Tick
+from town.selectors import place_view, run_clock
+from town.world import PlaceView
+
+NUM_FEED_EVENTS = 30
+NUM_DETAIL_MEMORIES = 8
+NUM_DETAIL_DECISIONS = 5
+IN_FLIGHT = (
+    Decision.Status.QUEUED,
+    Decision.Status.RUNNING,
+    Decision.Status.COMPUTED,
+    Decision.Status.FAILED,
+    Decision.Status.TIMED_OUT,
+)
+
+
+def run_header(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.pk,
+        "town": run.town.name,
+        "layout": run.layout,
+        "model": run.model,
+        "nodes": run.nodes,
+        "concurrency": run.concurrency,
+        "ticks_target": run.ticks_target,
+        **run_state_data(run),
+    }
+
+
+def _place_views(run: Run) -> list[tuple[Place, PlaceView]]:
+    places = Place.objects.filter(town_id=run.town_id).order_by("id")
+    return [(place, place_view(place, frozenset())) for place in places]
+
+
+def places_data(*, run: Run, tick_index: int) -> list[dict[str, Any]]:
+    clock = run_clock(run=run, tick_index=tick_index)
+    return [
+        {
+            "id": place.id,
+            "name": place.name,
+            "name_ja": place.name_ja,
+            "kind": place.kind,
+            "x": place.x,
+            "y": place.y,
+            "hours": view.hours,
+            "capacity": place.capacity,
+            "is_open": view.is_open(clock),
+        }
+        for place, view in _place_views(run)
+    ]
+
+
+def _open_place_ids(views: list[tuple[Place, PlaceView]], clock: Clock) -> list[int]:
+    return [place.id for place, view in views if view.is_open(clock)]
+
+
+def resident_profile(resident: Resident) -> dict[str, Any]:
+    return {
+        "id": resident.id,
+        "name": resident.name,
+        "age": resident.age,
+        "occupation": resident.occupation,
+        "personality": resident.personality,
+        "likes": list(resident.likes),
+        "home_id": resident.home_id,
+        "workplace_id": resident.workplace_id,
+    }
+
+
+def _state(state: ResidentState) -> dict[str, Any]:
+    return {
+        "place_id": state.place_id,
+        "money": state.money,
+        "hunger": state.hunger,
+        "energy": state.energy,
+    }
+
+
+def run_snapshot(*, run_id: int) -> dict[str, Any]:
+    """The run as it stands, current to event `seq`: every state change comes with an event
+    written under the run's row lock, so holding that lock here keeps state and seq together."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        seq = last_seq(run_id=run_id)
+        open_tick = run.ticks.filter(status=Tick.Status.DECIDING).first()
+        thinking = set()
+        if open_tick is not None:
+            thinking = set(
+                open_tick.decisions.filter(status__in=IN_FLIGHT).values_list(
+                    "resident_id", flat=True
+                )
+            )
+        states = ResidentState.objects.filter(run=run).select_related("resident")
+        residents = [
+            {**resident_profile(s.resident), **_state(s), "thinking": s.resident_id in thinking}
+            for s in states.order_by("resident_id")
+        ]
+        feed = RunEvent.objects.filter(run=run, kind=DECISION_APPLIED, seq__lte=seq)
+        feed_events = [event_message(e) for e in feed.order_by("-seq")[:NUM_FEED_EVENTS]]
+        return {
+            "type": "snapshot",
+            "seq": seq,
+            "run": run_header(run),
+            "clock": clock_data(run=run, tick_index=run.num_ticks_done),
+            "places": places_data(run=run, tick_index=run.num_ticks_done),
+            "residents": residents,
+            "feed": feed_events[::-1],
+            "summary": summary_data(run=run),
+        }
+
+
+def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
+    """The side panel of one resident: state, likes, memories, last decisions with numbers."""
+    state = (
+        ResidentState.objects.filter(run=run, resident_id=resident_id)
+        .select_related("resident", "place")
+        .first()
+    )
+    if state is None:
+        return None
+    memories = Memory.objects.filter(
+        Q(run=run) | Q(run__isnull=True), resident_id=resident_id
+    ).order_by("-id")[:NUM_DETAIL_MEMORIES]
+    decisions = (
+        Decision.objects.filter(run=run, resident_id=resident_id, status=Decision.Status.APPLIED)
+        .select_related("tick")
+        .order_by("-tick__index")[:NUM_DETAIL_DECISIONS]
+    )
+    return {
+        **resident_profile(state.resident),
+        **_state(state),
+        "place_name": state.place.name,
+        "memories": [m.text for m in memories],
+        "decisions": [
+            {
+                "tick_index": d.tick.index,
+                "action": d.action,
+                "target": d.target,
+                "reason": d.reason,
+                "valid": d.valid,
+                "error": d.error,
+                **decision_numbers(d),
+            }
+            for d in decisions
+        ],
+    }
+
+
+def run_replay(*, run: Run) -> dict[str, Any]:
+    """Every finished tick of the run as a frame: the clock, each resident's state as that
+    tick began (what its prompt saw, kept on its Decision) and the tick's decisions; then a
+    last frame with the state after the last finished tick."""
+    residents = {r.id: r for r in Resident.objects.filter(town_id=run.town_id).order_by("id")}
+    views = _place_views(run)
+    ticks = list(run.ticks.filter(status=Tick.Status.DONE).order_by("index"))
+    decisions = Decision.objects.filter(tick__in=ticks).order_by("tick_id", "resident_id")
+    by_tick: dict[int, list[Decision]] = {}
+    for decision in decisions:
+        by_tick.setdefault(decision.tick_id, []).append(decision)
+    frames = []
+    for tick in ticks:
+        tick_decisions = by_tick.get(tick.pk, [])
+        frames.append(
+            {
+                "tick_index": tick.index,
+                "clock": clock_data(run=run, tick_index=tick.index),
+                "open_place_ids": _open_place_ids(views, run_clock(run=run, tick_index=tick.index)),
+                "states": {
+                    str(d.resident_id): {
+                        k: d.resident_state[k] for k in ("place_id", "money", "hunger", "energy")
+                    }
+                    for d in tick_decisions
+                },
+                "decisions": [
+                    decision_applied_data(
+                        d, tick_index=tick.index, resident_name=residents[d.resident_id].name
+                    )
+                    for d in tick_decisions
+                ],
+            }
+        )
+    end_index = ticks[-1].index + 1 if ticks else 0
+    end_states = {
+        str(s.resident_id): _state(s)
+        for s in ResidentState.objects.filter(run=run).order_by("resident_id")
+    }
+    open_tick = run.ticks.filter(index=end_index).first()
+    if open_tick is not None:
+        # A tick begun after the last finished one saw the state right after it.
+        for d in open_tick.decisions.all():
+            end_states[str(d.resident_id)] = {
+                k: d.resident_state[k] for k in ("place_id", "money", "hunger", "energy")
+            }
+    frames.append(
+        {
+            "tick_index": end_index,
+            "clock": clock_data(run=run, tick_index=end_index),
+            "open_place_ids": _open_place_ids(views, run_clock(run=run, tick_index=end_index)),
+            "states": end_states,
+            "decisions": [],
+        }
+    )
+    return {
+        "run": run_header(run),
+        "places": places_data(run=run, tick_index=0),
+        "residents": [resident_profile(r) for r in residents.values()],
+        "frames": frames,
+    }

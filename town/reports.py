@@ -1,0 +1,131 @@
+"""Selectors for the admin and the API: residents' current state, a run's chart series, and
+the talk's summary table for several runs side by side (slide 15), with the differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from town.models import Decision, ResidentState, Run
+from town.selectors import RunSummary, run_summary
+
+
+def resident_states(*, resident_ids: list[int], run_id: int | None) -> dict[int, ResidentState]:
+    """Each resident's state in run `run_id`, or, without one, in the latest run of their town."""
+    states = ResidentState.objects.filter(resident_id__in=resident_ids).select_related("place")
+    if run_id is not None:
+        return {s.resident_id: s for s in states.filter(run_id=run_id)}
+    latest: dict[int, ResidentState] = {}
+    for state in states.order_by("resident_id", "-run_id"):
+        latest.setdefault(state.resident_id, state)
+    return latest
+
+
+def run_chart_data(*, run: Run) -> dict[str, Any]:
+    """The series the run's admin page draws, as plain lists (JSON-ready).
+
+    decisions: one point per computed decision, in the order they were answered, x = seconds
+    since the run's first dispatch; ticks: the token cache hit rate per tick; lost: lost prompt
+    tokens summed by reason.
+    """
+    rows = list(
+        Decision.objects.filter(run=run, num_prompt_tokens__isnull=False)
+        .order_by("computed_at", "id")
+        .values(
+            "id",
+            "tick__index",
+            "resident__name",
+            "dispatched_at",
+            "computed_at",
+            "app_e2e_s",
+            "engine_e2e_s",
+            "prefill_s",
+            "queue_s",
+            "decode_s",
+            "num_prompt_tokens",
+            "num_cached_tokens",
+            "lost_tokens",
+        )
+    )
+    dispatched = [r["dispatched_at"] for r in rows if r["dispatched_at"] is not None]
+    origin = min(dispatched) if dispatched else None
+    decisions = []
+    per_tick: dict[int, list[int]] = {}
+    lost: dict[str, int] = {}
+    for r in rows:
+        when = r["computed_at"]
+        x = (when - origin).total_seconds() if origin is not None and when is not None else None
+        cached = r["num_cached_tokens"] or 0
+        decisions.append(
+            {
+                "id": r["id"],
+                "tick": r["tick__index"],
+                "resident": r["resident__name"],
+                "t_s": x,
+                "e2e_s": r["app_e2e_s"],
+                "engine_e2e_s": r["engine_e2e_s"],
+                "prefill_s": r["prefill_s"],
+                "queue_s": r["queue_s"],
+                "decode_s": r["decode_s"],
+                "prompt_tokens": r["num_prompt_tokens"],
+                "cached_tokens": cached,
+            }
+        )
+        totals = per_tick.setdefault(r["tick__index"], [0, 0])
+        totals[0] += cached
+        totals[1] += r["num_prompt_tokens"]
+        for reason, tokens in (r["lost_tokens"] or {}).items():
+            lost[reason] = lost.get(reason, 0) + int(tokens)
+    ticks = [
+        {"tick": index, "hit_rate": cached / prompt if prompt else 0.0}
+        for index, (cached, prompt) in sorted(per_tick.items())
+    ]
+    return {"decisions": decisions, "ticks": ticks, "lost": dict(sorted(lost.items()))}
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    label: str
+    values: list[str]  # one per run, formatted
+    changes: list[str]  # one per run after the first: against the first run ("" for the first)
+
+
+# (label, RunSummary field, kind): kind "rate" differs in points, "value" in percent.
+COMPARED = [
+    ("token cache hit rate", "token_cache_hit_rate", "rate"),
+    ("cached tokens, mean", "mean_cached_tokens", "value"),
+    ("prefill, mean (s)", "mean_prefill_s", "value"),
+    ("queue, mean (s)", "mean_queue_s", "value"),
+    ("decode, mean (s)", "mean_decode_s", "value"),
+    ("end-to-end, median (s)", "median_e2e_s", "value"),
+    ("prompt tokens, mean", "mean_prompt_tokens", "value"),
+]
+
+
+def _format(value: float, kind: str) -> str:
+    return f"{100 * value:.2f}%" if kind == "rate" else f"{value:,.3f}".rstrip("0").rstrip(".")
+
+
+def _change(base: float, value: float, kind: str) -> str:
+    if kind == "rate":
+        return f"{100 * (value - base):+.2f} pt"
+    if base == 0:
+        return "n/a (base 0)" if value else "±0%"
+    return f"{100 * (value - base) / base:+.1f}%"
+
+
+def runs_compare(*, runs: list[Run]) -> tuple[list[RunSummary], list[CompareRow]]:
+    """The talk's summary rows for `runs` (in the order given), each against the first run."""
+    summaries = [run_summary(run=run) for run in runs]
+    rows = []
+    for label, field, kind in COMPARED:
+        values = [getattr(s, field) for s in summaries]
+        rows.append(
+            CompareRow(
+                label=label,
+                values=[_format(v, kind) for v in values],
+                changes=[""] + [_change(values[0], v, kind) for v in values[1:]],
+            )
+        )
+    return summaries, rows
