@@ -39,13 +39,11 @@ SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
-SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SAMESITE = "Lax"
-CSRF_COOKIE_SAMESITE = "Lax"
-X_FRAME_OPTIONS = "DENY"
-# Cloudflare redirects http to https at the edge; the origin only hears the tunnel, over http,
-# so redirecting here would loop. HSTS is off unless asked for (it outlives a wrong setting).
+# Cloudflare sends visitors to https at the edge; the only plain-http callers are the health
+# checks inside the compose network, which a redirect would break. HSTS is off unless asked for
+# (browsers remember it long after a wrong setting is fixed).
 SECURE_SSL_REDIRECT = env_bool("POKOMACHI_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SECURE_HSTS_SECONDS = env_int("POKOMACHI_HSTS_SECONDS", 0)
 
 _ACCESS_MIDDLEWARE = "pokosite.cloudflare_access.middleware.CloudflareAccessMiddleware"

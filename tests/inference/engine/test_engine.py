@@ -220,7 +220,7 @@ def test_decoding_requests_sharing_a_head_match_the_uncached_engine(
     prompts = [head + [rng.randrange(5, 40000) for _ in range(3 + 7 * i)] for i in range(4)]
     params = dict(max_tokens=20, temperature=0.0, ignore_eos=True)
     salt = uuid.uuid4().hex
-    tiny_engine.generate(head + [1], SamplingParams(max_tokens=1, cache_salt=salt))
+    tiny_engine.generate([*head, 1], SamplingParams(max_tokens=1, cache_salt=salt))
     cached = tiny_engine.generate(prompts, SamplingParams(cache_salt=salt, **params))
     uncached = tiny_engine_uncached.generate(prompts, SamplingParams(**params))
     assert [o.metrics.num_cached_tokens for o in cached] == [96] * 4
