@@ -1,44 +1,215 @@
-"""Simple admin registrations; issue 7 brings the rich admin (charts, compare)."""
+"""The town in Django admin: lists with filters and search, decisions with their prompt shown
+readably (shared head and per-resident tail apart, with token counts), each run's charts, and a
+compare action that puts the talk's summary table for several runs side by side."""
 
-from django.contrib import admin
+from __future__ import annotations
 
+import json
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from town import services
+from town.errors import RunStateError
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, Tick, Town
+from town.reports import run_chart_data, runs_compare
+from town.selectors import run_summary
 
 
 @admin.register(Town)
 class TownAdmin(admin.ModelAdmin):
     list_display = ["name", "seed", "created_at"]
+    search_fields = ["name"]
 
 
 @admin.register(Place)
 class PlaceAdmin(admin.ModelAdmin):
     list_display = ["name", "name_ja", "kind", "town", "capacity", "opens_at", "closes_at"]
     list_filter = ["town", "kind"]
+    search_fields = ["name", "name_ja", "description"]
 
 
 @admin.register(Resident)
 class ResidentAdmin(admin.ModelAdmin):
-    list_display = ["name", "age", "occupation", "town", "home", "money"]
-    list_filter = ["town"]
-    search_fields = ["name"]
-
-
-@admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "town", "layout", "model", "status", "num_ticks_done", "created_at"]
-    list_filter = ["status", "layout"]
+    list_display = ["name", "age", "occupation", "town", "home", "workplace", "money"]
+    list_filter = ["town", "home"]
+    search_fields = ["name", "occupation", "personality"]
 
 
 @admin.register(ResidentState)
 class ResidentStateAdmin(admin.ModelAdmin):
     list_display = ["run", "resident", "place", "money", "hunger", "energy"]
-    list_filter = ["run"]
+    list_filter = ["run", "place"]
+    search_fields = ["resident__name"]
+
+
+@admin.register(Memory)
+class MemoryAdmin(admin.ModelAdmin):
+    list_display = ["resident", "run", "tick_index", "text"]
+    list_filter = ["run", "resident"]
+    search_fields = ["text", "resident__name"]
+
+
+def _percent(part: int | None, whole: int | None) -> str:
+    return f"{100 * (part or 0) / whole:.1f}%" if whole else "-"
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "town",
+        "layout",
+        "model",
+        "status",
+        "num_ticks_done",
+        "hit_rate",
+        "median_e2e",
+        "created_at",
+    ]
+    list_filter = ["status", "layout", "model", "town"]
+    search_fields = ["id", "layout", "model"]
+    readonly_fields = [
+        "status",
+        "num_ticks_done",
+        "num_steps_pending",
+        "lease_owner",
+        "lease_expires_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
+    actions = ["compare_runs", "start_runs", "pause_runs", "stop_runs"]
+    change_form_template = "admin/town/run/change_form.html"
+
+    @admin.display(description="token cache hit rate")
+    def hit_rate(self, run: Run) -> str:
+        return f"{100 * run_summary(run=run).token_cache_hit_rate:.2f}%"
+
+    @admin.display(description="end-to-end, median (s)")
+    def median_e2e(self, run: Run) -> str:
+        return f"{run_summary(run=run).median_e2e_s:.3f}"
+
+    def get_urls(self):
+        compare = self.admin_site.admin_view(self.compare_view)
+        return [path("compare/", compare, name="town_run_compare"), *super().get_urls()]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, object_id)
+        if run is not None:
+            extra_context = {
+                **(extra_context or {}),
+                "summary_rows": run_summary(run=run).rows(),
+                "chart_data": run_chart_data(run=run),
+            }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.action(description="Compare the selected runs (the talk's summary table)")
+    def compare_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
+        ids = sorted(queryset.values_list("id", flat=True))
+        if len(ids) < 2:
+            self.message_user(request, "Pick two or more runs to compare.", messages.ERROR)
+            return None
+        url = reverse("admin:town_run_compare")
+        return HttpResponseRedirect(f"{url}?ids={','.join(map(str, ids))}")
+
+    def compare_view(self, request: HttpRequest) -> HttpResponse:
+        raw = request.GET.get("ids", "")
+        try:
+            ids = [int(part) for part in raw.split(",") if part.strip()]
+        except ValueError:
+            ids = []
+        runs_by_id = Run.objects.in_bulk(ids)
+        runs = [runs_by_id[i] for i in ids if i in runs_by_id]
+        if len(runs) < 2:
+            self.message_user(
+                request,
+                f"ids={raw!r}: give two or more existing run ids, comma-separated "
+                "(or pick runs in the list and use the compare action).",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(reverse("admin:town_run_changelist"))
+        summaries, rows = runs_compare(runs=runs)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Compare runs {', '.join(str(r.pk) for r in runs)}",
+            "runs": list(zip(runs, summaries, strict=True)),
+            "rows": rows,
+        }
+        return TemplateResponse(request, "admin/town/run/compare.html", context)
+
+    def _control(self, request: HttpRequest, queryset: QuerySet[Run], service, verb: str) -> None:
+        done, refused = [], []
+        for run in queryset:
+            try:
+                service(run=run)
+                done.append(str(run.pk))
+            except RunStateError as exc:
+                refused.append(str(exc))
+        if done:
+            self.message_user(request, f"{verb}: run {', '.join(done)}", messages.SUCCESS)
+        for message in refused:
+            self.message_user(request, message, messages.WARNING)
+
+    @admin.action(description="Start the selected runs")
+    def start_runs(self, request, queryset):
+        self._control(request, queryset, services.run_start, "started")
+
+    @admin.action(description="Pause the selected runs")
+    def pause_runs(self, request, queryset):
+        self._control(request, queryset, services.run_pause, "paused")
+
+    @admin.action(description="Stop the selected runs")
+    def stop_runs(self, request, queryset):
+        self._control(request, queryset, services.run_stop, "stopped")
 
 
 @admin.register(Tick)
 class TickAdmin(admin.ModelAdmin):
-    list_display = ["run", "index", "day", "minute_of_day", "phase", "status"]
-    list_filter = ["run", "status"]
+    list_display = ["__str__", "run", "index", "day", "minute_of_day", "phase", "status"]
+    list_filter = ["run", "status", "phase"]
+    readonly_fields = ["started_at", "finished_at"]
+
+
+DECISION_METRICS = [
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_output_tokens",
+    "lost_tokens",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "ttft_s",
+    "engine_e2e_s",
+    "app_e2e_s",
+    "app_latency_s",
+    "attempts",
+    "retries",
+    "worker",
+    "metrics",
+]
+DECISION_TIMELINE = ["dispatched_at", "started_at", "computed_at", "applied_at"]
+
+
+def _num_head_messages(messages_: list[dict]) -> int:
+    """Messages up to and including the last cache breakpoint (`"cache": True`)."""
+    return max((i + 1 for i, m in enumerate(messages_) if m.get("cache")), default=0)
+
+
+def _message_blocks(messages_: list[dict]):
+    return format_html_join(
+        "",
+        '<div class="pk-message"><span class="pk-role">{}{}</span><pre>{}</pre></div>',
+        (
+            (m.get("role", "?"), " · cache breakpoint" if m.get("cache") else "", m.get("content"))
+            for m in messages_
+        ),
+    )
 
 
 @admin.register(Decision)
@@ -46,7 +217,7 @@ class DecisionAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "run",
-        "tick",
+        "tick_index",
         "resident",
         "node",
         "status",
@@ -56,13 +227,94 @@ class DecisionAdmin(admin.ModelAdmin):
         "retries",
         "num_prompt_tokens",
         "num_cached_tokens",
+        "cache_hit",
         "app_e2e_s",
     ]
-    list_filter = ["run", "status", "valid", "action", "node"]
-    search_fields = ["resident__name", "reason"]
+    list_filter = ["run", "resident", "node", "valid", "action", "status", "finish_reason"]
+    search_fields = ["resident__name", "reason", "raw_output", "error", "target"]
+    list_select_related = ["tick", "resident", "run"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "run",
+                    "tick",
+                    "resident",
+                    "node",
+                    "status",
+                    ("action", "target", "valid"),
+                    "reason",
+                    "error",
+                ]
+            },
+        ),
+        ("Prompt", {"fields": ["prompt", "prompt_hash", "head_hash", "schema"]}),
+        ("Output", {"fields": ["raw_output", "finish_reason", "output_token_ids"]}),
+        ("Engine metrics (vLLM definitions)", {"fields": DECISION_METRICS}),
+        ("Timeline", {"fields": DECISION_TIMELINE}),
+    ]
 
+    def get_readonly_fields(self, request, obj=None):
+        # A decision is a record of what happened: nothing on it is edited by hand.
+        return [f.name for f in Decision._meta.fields] + ["prompt", "schema"]
 
-@admin.register(Memory)
-class MemoryAdmin(admin.ModelAdmin):
-    list_display = ["resident", "run", "tick_index", "text"]
-    list_filter = ["run"]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="tick", ordering="tick__index")
+    def tick_index(self, decision: Decision) -> int:
+        return decision.tick.index
+
+    @admin.display(description="cache hit")
+    def cache_hit(self, decision: Decision) -> str:
+        return _percent(decision.num_cached_tokens, decision.num_prompt_tokens)
+
+    @admin.display(description="JSON schema")
+    def schema(self, decision: Decision) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(decision.json_schema, indent=2))
+
+    @admin.display(description="prompt")
+    def prompt(self, decision: Decision) -> str:
+        from inference.tokens import chat_token_counts
+
+        num_head = _num_head_messages(decision.messages)
+        head, tail = decision.messages[:num_head], decision.messages[num_head:]
+        try:
+            head_tokens, total_tokens = chat_token_counts(
+                model=decision.run.model, messages=decision.messages, num_head_messages=num_head
+            )
+            counts = (f"{head_tokens:,} tokens", f"{total_tokens - head_tokens:,} tokens")
+            engine_count = decision.num_prompt_tokens or "-"
+            total = f"{total_tokens:,} tokens in all (the engine counted {engine_count})"
+        except ValueError as exc:
+            counts, total = ("? tokens", "? tokens"), f"token counts unavailable: {exc}"
+        style = format_html(
+            "<style>.pk-prompt{{max-width:980px}}.pk-part{{border:2px solid;border-radius:6px;"
+            "padding:6px 10px;margin:6px 0}}.pk-head{{border-color:#2e7d32;background:#f1f8f1}}"
+            ".pk-tail{{border-color:#1565c0;background:#f0f5fc}}.pk-part h4{{margin:2px 0 6px}}"
+            ".pk-role{{font-weight:bold;font-size:11px;text-transform:uppercase}}"
+            ".pk-message pre{{white-space:pre-wrap;margin:2px 0 8px;font-size:12px}}</style>"
+        )
+        head_html = (
+            format_html(
+                '<div class="pk-part pk-head"><h4>shared head · {} messages · {}</h4>{}</div>',
+                len(head),
+                counts[0],
+                _message_blocks(head),
+            )
+            if head
+            else format_html(
+                '<div class="pk-part pk-head"><h4>no shared head (no cache breakpoint): '
+                "every token belongs to this resident</h4></div>"
+            )
+        )
+        tail_html = format_html(
+            '<div class="pk-part pk-tail"><h4>per-resident tail · {} messages · {}</h4>{}</div>',
+            len(tail),
+            counts[1],
+            _message_blocks(tail),
+        )
+        return format_html(
+            '{}<div class="pk-prompt"><p>{}</p>{}{}</div>', style, total, head_html, tail_html
+        )

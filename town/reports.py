@@ -90,6 +90,10 @@ class CompareRow:
     values: list[str]  # one per run, formatted
     changes: list[str]  # one per run after the first: against the first run ("" for the first)
 
+    @property
+    def cells(self) -> list[tuple[str, str]]:
+        return list(zip(self.values, self.changes, strict=True))
+
 
 # (label, RunSummary field, kind): kind "rate" differs in points, "value" in percent.
 COMPARED = [

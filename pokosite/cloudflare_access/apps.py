@@ -13,6 +13,7 @@ class CloudflareAccessConfig(AppConfig):
     verbose_name = "Cloudflare Access"
 
     def ready(self) -> None:
+        from pokosite.cloudflare_access import schema  # noqa: F401  (registers the extension)
         from pokosite.cloudflare_access.config import access_settings_check
 
         checks.register(access_settings_check, checks.Tags.security)

@@ -1,0 +1,225 @@
+"""The admin: every list with its filters and search, a decision's prompt shown readably with
+token counts, a run's charts (data and, in Debian's chromium, drawn), and the compare action.
+
+Screenshots: `POKOMACHI_SCREENSHOT_DIR=docs .venv/bin/pytest tests/town/test_admin.py -k chromium`
+writes docs/admin-run-charts.png and docs/admin-compare.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from town import services
+from town.models import Decision, Run
+from town.simulation import InlineSend, tick_run
+
+from .factories import small_town_factory
+
+D = Decision.Status
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _answered_run(town, layout: str, cached: list[int]) -> Run:
+    """A run whose first tick's decisions carry metrics as a worker stores them."""
+    run = services.run_create(town=town, nodes=["local"], layout=layout)
+    tick = services.tick_begin(run=run)
+    for i, (decision, num_cached) in enumerate(zip(tick.decisions.order_by("id"), cached)):
+        Decision.objects.filter(pk=decision.pk).update(
+            status=D.COMPUTED,
+            num_prompt_tokens=1000,
+            num_cached_tokens=num_cached,
+            num_output_tokens=30,
+            lost_tokens={"block_alignment": 7} if num_cached else {},
+            prefill_s=2.0 - num_cached / 1000,
+            queue_s=0.5,
+            decode_s=1.0,
+            app_e2e_s=4.0 - num_cached / 1000 + i,
+            engine_e2e_s=3.5,
+            dispatched_at=tick.started_at,
+            computed_at=tick.started_at,
+        )
+    return run
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/town/town/",
+        "/admin/town/place/?kind__exact=cafe&q=Cafe",
+        "/admin/town/resident/?q=Aki",
+        "/admin/town/residentstate/",
+        "/admin/town/memory/",
+        "/admin/town/run/?status__exact=created&layout__exact=shared_head",
+        "/admin/town/tick/?status__exact=deciding",
+        "/admin/town/decision/?valid__isnull=True&node=local&status__exact=computed",
+        "/admin/town/decision/?q=Aki",
+    ],
+)
+def test_every_list_with_filters_and_search(admin_client, db, path):
+    town = small_town_factory()
+    _answered_run(town, "shared_head", [0, 500])
+    response = admin_client.get(path)
+    assert response.status_code == 200, path
+    assert "errornote" not in response.content.decode()
+
+
+def test_decision_list_shows_metrics_and_filters_by_run_and_resident(admin_client, db):
+    town = small_town_factory()
+    run = _answered_run(town, "shared_head", [0, 500])
+    other = _answered_run(town, "naive", [0, 0])
+    aki = town.residents.get(name="Aki")
+    page = admin_client.get(f"/admin/town/decision/?run__id__exact={run.pk}").content.decode()
+    assert "50.0%" in page  # the cache hit column: 500 of 1000
+    assert f"?run__id__exact={other.pk}" in page  # the run filter lists both runs
+    only_aki = admin_client.get(
+        f"/admin/town/decision/?run__id__exact={run.pk}&resident__id__exact={aki.pk}"
+    ).content.decode()
+    assert "1 decision" in only_aki
+
+
+def test_decision_page_shows_shared_head_and_tail_apart_with_token_counts(
+    admin_client, db, smollm2_tokenizer
+):
+    town = small_town_factory()
+    run = _answered_run(town, "shared_head", [0, 500])
+    decision = run.decisions.order_by("id")[1]
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    head = decision.messages[:2]  # the two system messages with "cache": True
+    head_tokens = len(smollm2_tokenizer.apply_chat_template(head, add_generation_prompt=False))
+    total = len(smollm2_tokenizer.apply_chat_template(decision.messages))
+    assert f"shared head · 2 messages · {head_tokens:,} tokens" in page
+    assert f"per-resident tail · 1 messages · {total - head_tokens:,} tokens" in page
+    assert f"{total:,} tokens in all (the engine counted 1000)" in page
+    assert page.index("pk-head") < page.index("pk-tail")
+    assert "Aki" in page.split("pk-part pk-tail")[1] or "Ben" in page.split("pk-part pk-tail")[1]
+    # Read-only: a decision is a record, not a form.
+    assert 'name="raw_output"' not in page and 'name="num_cached_tokens"' not in page
+    assert admin_client.get("/admin/town/decision/add/").status_code == 403
+
+
+def test_naive_prompt_says_there_is_no_shared_head(admin_client, db):
+    town = small_town_factory()
+    run = _answered_run(town, "naive", [0])
+    decision = run.decisions.order_by("id")[0]
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert "no shared head (no cache breakpoint)" in page and "per-resident tail" in page
+
+
+def test_run_page_carries_summary_and_chart_data(admin_client, db):
+    town = small_town_factory()
+    run = _answered_run(town, "shared_head", [0, 500, 500, 800])
+    page = admin_client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
+    assert "45.00%" in page  # token cache hit rate: 1800 / 4000
+    for canvas in ["latency", "tokens", "hit-rate", "lost"]:
+        assert f'id="pk-chart-{canvas}"' in page
+    assert "vendor/chartjs/chart.umd.min.js" in page
+    assert (Path(settings.BASE_DIR) / "static/vendor/chartjs/chart.umd.min.js").is_file()
+    raw = re.search(r'id="pk-run-chart-data"[^>]*>(.*?)</script>', page, re.S).group(1)
+    data = json.loads(raw)
+    assert [d["cached_tokens"] for d in data["decisions"]] == [0, 500, 500, 800]
+    assert [d["e2e_s"] for d in data["decisions"]] == [4.0, 4.5, 5.5, 6.2]
+    assert data["ticks"] == [{"tick": 0, "hit_rate": 0.45}]
+    assert data["lost"] == {"block_alignment": 21}
+
+
+def test_compare_action_puts_runs_side_by_side_with_the_differences(admin_client, db):
+    town = small_town_factory()
+    naive = _answered_run(town, "naive", [0, 0, 0, 0])
+    shared = _answered_run(town, "shared_head", [500, 500, 500, 500])
+    response = admin_client.post(
+        "/admin/town/run/",
+        {"action": "compare_runs", "_selected_action": [naive.pk, shared.pk]},
+    )
+    assert response.status_code == 302
+    assert response["Location"].endswith(f"/admin/town/run/compare/?ids={naive.pk},{shared.pk}")
+    page = admin_client.get(response["Location"]).content.decode()
+    table = page.split('id="pk-compare-table"')[1].split("</table>")[0]
+    cells = [re.sub(r"<[^>]+>", " ", c).split() for c in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+    rows = {" ".join(c[: c.index(next(x for x in c if x[0].isdigit()))]): c for c in cells[1:]}
+    assert rows["token cache hit rate"][-3:] == ["50.00%", "+50.00", "pt"]
+    assert rows["prefill, mean (s)"][-2:] == ["1.5", "-25.0%"]  # 2.0 → 1.5 s
+    assert rows["end-to-end, median (s)"][-2:] == ["5", "-9.1%"]  # 5.5 → 5.0 s
+    assert rows["prompt tokens, mean"][-2:] == ["1,000", "±0%"]
+    assert "shared_head" in page and "naive" in page
+
+
+def test_compare_needs_two_runs(admin_client, db):
+    town = small_town_factory()
+    run = _answered_run(town, "naive", [0])
+    response = admin_client.post(
+        "/admin/town/run/", {"action": "compare_runs", "_selected_action": [run.pk]}, follow=True
+    )
+    assert "Pick two or more runs to compare." in response.content.decode()
+    bad = admin_client.get("/admin/town/run/compare/?ids=1,x", follow=True).content.decode()
+    assert "give two or more existing run ids" in bad
+
+
+def test_run_control_actions_report_refusals(admin_client, db):
+    town = small_town_factory()
+    run = services.run_create(town=town, nodes=["local"])
+    admin_client.post("/admin/town/run/", {"action": "start_runs", "_selected_action": [run.pk]})
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    page = admin_client.post(
+        "/admin/town/run/", {"action": "start_runs", "_selected_action": [run.pk]}, follow=True
+    ).content.decode()
+    assert "cannot start run" in page and "it is running" in page
+
+
+def _ticks_inline(run: Run, num_ticks: int) -> None:
+    send = InlineSend(max_workers=4)
+    try:
+        for _ in range(num_ticks):
+            tick_run(run_id=run.pk, send=send, owner="test", poll_s=0.05)
+    finally:
+        send.shutdown()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install chromium")
+def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp_path):
+    """Two real runs (the tiny model, computed in this process), then the run page and the
+    compare page in chromium: every chart canvas has drawn something."""
+    from playwright.sync_api import sync_playwright
+
+    from town.demo import demo_town_create
+
+    town = demo_town_create(seed=0)
+    runs = []
+    for layout in ["naive", "shared_head"]:
+        run = services.run_create(town=town, nodes=["local"], layout=layout, concurrency=4)
+        services.run_start(run=run)
+        _ticks_inline(run, 2)
+        runs.append(run)
+    out_dir = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tmp_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=args)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{live_server.url}/admin/login/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "password")
+        page.click("input[type=submit]")
+        page.goto(f"{live_server.url}/admin/town/run/{runs[1].pk}/change/")
+        page.wait_for_function("document.querySelectorAll('canvas').length === 4")
+        drawn = page.evaluate(
+            """() => [...document.querySelectorAll('.pk-charts canvas')].map((c) => {
+                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+                return n; })"""
+        )
+        assert all(n > 500 for n in drawn), drawn
+        page.locator("#pk-run-charts").screenshot(path=str(out_dir / "admin-run-charts.png"))
+        ids = ",".join(str(r.pk) for r in runs)
+        page.goto(f"{live_server.url}/admin/town/run/compare/?ids={ids}")
+        assert "pt" in page.inner_text("#pk-compare-table")
+        page.locator("#content").screenshot(path=str(out_dir / "admin-compare.png"))
+        browser.close()
+    assert (out_dir / "admin-run-charts.png").stat().st_size > 10_000

@@ -1,0 +1,107 @@
+"""The town view's pages: the run list, a run's live page, its replay, and the staff controls.
+Interfaces only: fetch by id, call one selector or service, render or return JSON.
+
+The live page's data comes over the run's WebSocket (town/consumers.py); the JSON views here
+serve what a page fetches on demand (a resident's panel, a replay's frames).
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from town import services
+from town.access import can_control_runs, can_watch_runs
+from town.errors import TownError
+from town.live import resident_detail, run_header, run_replay
+from town.models import Run
+from town.selectors import run_summary
+
+# The same services as `manage.py run_control`.
+CONTROLS = {
+    "start": services.run_start,
+    "pause": services.run_pause,
+    "resume": services.run_resume,
+    "step": services.run_step,
+    "stop": services.run_stop,
+}
+
+
+def watchers_only(view):
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs):
+        if not can_watch_runs(request.user):
+            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _page_context(request: HttpRequest, run: Run) -> dict:
+    return {
+        "run": run,
+        "run_header": run_header(run),
+        "can_control": can_control_runs(request.user),
+        "controls": list(CONTROLS),
+    }
+
+
+@require_GET
+@watchers_only
+def run_list(request: HttpRequest) -> HttpResponse:
+    runs = list(Run.objects.select_related("town").order_by("-id")[:200])
+    rows = [(run, run_summary(run=run)) for run in runs]
+    return render(request, "town/run_list.html", {"rows": rows})
+
+
+@require_GET
+@watchers_only
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run.objects.select_related("town"), pk=run_id)
+    return render(request, "town/run_detail.html", _page_context(request, run))
+
+
+@require_GET
+@watchers_only
+def run_resident(request: HttpRequest, run_id: int, resident_id: int) -> JsonResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    detail = resident_detail(run=run, resident_id=resident_id)
+    if detail is None:
+        raise Http404(f"resident {resident_id} is not in run {run_id}")
+    return JsonResponse(detail)
+
+
+@require_GET
+@watchers_only
+def run_replay_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run.objects.select_related("town"), pk=run_id)
+    return render(request, "town/run_replay.html", _page_context(request, run))
+
+
+@require_GET
+@watchers_only
+def run_replay_data(request: HttpRequest, run_id: int) -> JsonResponse:
+    run = get_object_or_404(Run.objects.select_related("town"), pk=run_id)
+    return JsonResponse(run_replay(run=run))
+
+
+@require_POST
+def run_control(request: HttpRequest, run_id: int, control: str) -> JsonResponse:
+    if not can_control_runs(request.user):
+        return JsonResponse({"error": "only staff can control runs; log in at /admin/"}, status=403)
+    service = CONTROLS.get(control)
+    if service is None:
+        return JsonResponse(
+            {"error": f"unknown control {control!r}; use one of {', '.join(CONTROLS)}"}, status=400
+        )
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        run = service(run=run)
+    except TownError as exc:
+        return JsonResponse({"error": str(exc)}, status=409)
+    return JsonResponse({"run": run_header(run)})
