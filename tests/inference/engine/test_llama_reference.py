@@ -56,8 +56,19 @@ def test_last_position_logits_match_transformers(smollm2_engine, hf_model, messa
     assert relative < 1e-3
 
 
+# Longer than the engine's 512-token step budget: prefilled in chunks over the paged cache.
+LONG_CONVERSATION = [
+    {
+        "role": "system",
+        "content": "Town rules. " + "Every shop opens at nine and closes at six. " * 60,
+    },
+    {"role": "user", "content": "It is noon. Which shop do you visit, and why?"},
+]
+
+
 def test_greedy_output_matches_transformers_for_at_least_16_tokens(smollm2_engine, hf_model):
-    for messages in CONVERSATIONS:
+    assert len(smollm2_engine.tokenizer.apply_chat_template(LONG_CONVERSATION)) > 512
+    for messages in [*CONVERSATIONS, LONG_CONVERSATION]:
         ids = smollm2_engine.tokenizer.apply_chat_template(messages)
         ours = smollm2_engine.generate(ids, SamplingParams(max_tokens=20, temperature=0.0))[0]
         with torch.inference_mode():
