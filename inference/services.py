@@ -11,7 +11,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from inference.errors import CompletionInputError
+from inference.metrics import metrics_record
 from inference.runtime import engine_get
 
 logger = logging.getLogger(__name__)
@@ -51,7 +54,9 @@ def completion_generate(
     json_schema: dict[str, Any] | None,
     max_tokens: int,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     seed: int | None = None,
+    stop: list[str] | None = None,
     cache_salt: str | None = None,
 ) -> Completion:
     """Run one chat completion on this process's engine (blocking; safe from many threads).
@@ -70,7 +75,9 @@ def completion_generate(
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
+            top_p=top_p,
             seed=seed,
+            stop=stop,
             json_schema=json_schema,
             cache_salt=cache_salt,
         )
@@ -78,6 +85,11 @@ def completion_generate(
     except ValueError as exc:
         raise CompletionInputError(str(exc)) from exc
     metrics = dataclasses.asdict(output.metrics)
+    metrics_record(
+        model=settings.INFERENCE_ENGINE["model"],
+        metrics=metrics,
+        finish_reason=output.finish_reason,
+    )
     logger.debug(
         "completion: %s prompt tokens (%s cached), %s output tokens, %.2f s",
         metrics["num_prompt_tokens"],

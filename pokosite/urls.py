@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from inference.metrics import metrics_view
 from pokosite.views import healthz
 
 urlpatterns = [
@@ -13,5 +14,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/", include("town.api.urls")),
+    path("v1/", include("inference.openai_api.urls")),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("town.urls")),
 ]

@@ -114,8 +114,10 @@ def _format(value: float, kind: str) -> str:
 def _change(base: float, value: float, kind: str) -> str:
     if kind == "rate":
         return f"{100 * (value - base):+.2f} pt"
+    if value == base:
+        return "±0%"
     if base == 0:
-        return "n/a (base 0)" if value else "±0%"
+        return "n/a (base 0)"
     return f"{100 * (value - base) / base:+.1f}%"
 
 

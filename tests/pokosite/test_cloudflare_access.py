@@ -33,6 +33,8 @@ from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+# Imported here, not in a test: it sets Django up again, which resets the loggers' handlers.
+from pokosite.asgi import application as asgi_application
 from pokosite.cloudflare_access.config import access_config
 from pokosite.cloudflare_access.middleware import CloudflareAccessMiddleware
 from pokosite.cloudflare_access.tokens import verifier_for
@@ -481,16 +483,14 @@ def test_a_bad_websocket_connect_is_refused(access_on, refusals, make, reason):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_projects_asgi_application_checks_websockets(access_on, refusals):
-    from pokosite.asgi import application
-
     origin = (b"origin", b"http://localhost")
     # No token: refused before any route (or consumer) is reached.
-    connected, code, _ = ws_connect(application, "/ws/runs/999999/", [origin])
+    connected, code, _ = ws_connect(asgi_application, "/ws/runs/999999/", [origin])
     assert (connected, code) == (False, 1000)
     assert refusals[-1].getMessage().endswith(": no token")
     # A good token reaches the town's consumer, which answers "no such run" (4404).
     headers = [origin, (b"cf-access-jwt-assertion", token().encode())]
-    connected, code, _ = ws_connect(application, "/ws/runs/999999/", headers)
+    connected, code, _ = ws_connect(asgi_application, "/ws/runs/999999/", headers)
     assert (connected, code) == (False, 4404)
 
 

@@ -21,8 +21,29 @@ D = Decision.Status
 
 
 @pytest.fixture
-def api() -> APIClient:
-    return APIClient()
+def api(django_user_model) -> APIClient:
+    """A client logged in as a plain user (writes need one; reads do not)."""
+    client = APIClient()
+    user, _ = django_user_model.objects.get_or_create(username="api-user")
+    client.force_authenticate(user=user)
+    return client
+
+
+def test_reads_are_open_and_writes_need_a_user(db):
+    town = small_town_factory()
+    run = services.run_create(town=town, nodes=["local"])
+    anonymous = APIClient()
+    assert anonymous.get(f"/api/runs/{run.pk}/").status_code == 200
+    for url, body in [
+        ("/api/runs/", {"town": town.pk}),
+        (f"/api/runs/{run.pk}/start/", {}),
+        ("/api/decisions/", {"run": run.pk, "resident": town.residents.first().pk}),
+    ]:
+        response = anonymous.post(url, body, format="json")
+        assert response.status_code in (401, 403), url
+        assert "credentials were not provided" in response.json()["detail"]
+    run.refresh_from_db()
+    assert run.status == Run.Status.CREATED and not run.ticks.exists()
 
 
 def _with_tick(town) -> tuple[Run, Tick]:
@@ -30,7 +51,9 @@ def _with_tick(town) -> tuple[Run, Tick]:
     with metrics as a worker would store them."""
     run = services.run_create(town=town, nodes=["local"])
     tick = services.tick_begin(run=run)
-    for decision, (prompt, cached) in zip(tick.decisions.order_by("id"), [(100, 0), (100, 60)]):
+    for decision, (prompt, cached) in zip(
+        tick.decisions.order_by("id"), [(100, 0), (100, 60)], strict=False
+    ):
         Decision.objects.filter(pk=decision.pk).update(
             status=D.COMPUTED,
             num_prompt_tokens=prompt,

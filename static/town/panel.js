@@ -1,0 +1,117 @@
+"use strict";
+// The side panel and header: the selected resident, the decision feed, the run's live numbers.
+// Plain DOM; every text goes in through textContent.
+(function () {
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else node.setAttribute(key, value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  const seconds = (s) => (s === null || s === undefined ? "–" : `${Number(s).toFixed(2)} s`);
+  const tokens = (d) =>
+    d.num_prompt_tokens === null || d.num_prompt_tokens === undefined
+      ? "no answer"
+      : `${d.num_cached_tokens ?? 0}/${d.num_prompt_tokens} cached · ${d.num_output_tokens ?? 0} out`;
+
+  function actionText(d) {
+    if (!d.action) return d.status === "applied" ? "(invalid)" : `(${d.status})`;
+    return d.target ? `${d.action} → ${d.target}` : d.action;
+  }
+
+  function renderStats({ status, numTicksDone, clock, summary }) {
+    if (status !== undefined) {
+      const node = $("stat-status");
+      node.textContent = status;
+      node.className = `status status-${status}`;
+    }
+    if (numTicksDone !== undefined) $("stat-tick").textContent = numTicksDone;
+    if (clock) $("stat-clock").textContent = `day ${clock.day} ${clock.hhmm} ${clock.phase}`;
+    if (summary) {
+      $("stat-hit").textContent = `${(100 * summary.token_cache_hit_rate).toFixed(1)}%`;
+      $("stat-median").textContent = summary.num_decisions ? seconds(summary.median_e2e_s) : "–";
+    }
+  }
+
+  function setConnection(state) {
+    const node = $("stat-conn");
+    if (!node) return;
+    node.className = `stat conn conn-${state}`;
+    node.title = `WebSocket: ${state}`;
+  }
+
+  function feedItem(d, seq) {
+    const item = el(
+      "li",
+      { class: `feed-item${d.valid === false ? " invalid" : ""}`, "data-seq": seq ?? "" },
+      el("div", { class: "feed-head" },
+        el("b", {}, d.resident_name), " ", el("span", { class: "act" }, actionText(d)),
+        el("span", { class: "tick" }, `tick ${d.tick_index}`)),
+      d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
+      d.error ? el("div", { class: "error" }, d.error) : null,
+      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`),
+    );
+    item.dataset.residentId = d.resident_id;
+    return item;
+  }
+
+  function feedAdd(d, seq, max = 60) {
+    const feed = $("feed");
+    feed.prepend(feedItem(d, seq));
+    while (feed.children.length > max) feed.lastChild.remove();
+  }
+
+  function feedReset(items) {
+    const feed = $("feed");
+    feed.replaceChildren();
+    for (const { d, seq } of items) feed.prepend(feedItem(d, seq));
+  }
+
+  function bar(label, value, max, cls) {
+    return el("div", { class: "bar-row" },
+      el("span", { class: "bar-label" }, label),
+      el("span", { class: "bar" }, el("span", { class: `bar-fill ${cls}`, style: `width:${Math.max(0, Math.min(100, (100 * value) / max))}%` })),
+      el("span", { class: "bar-value" }, value));
+  }
+
+  function renderResident(r, placeName) {
+    const box = $("resident-detail");
+    const decisions = (r.decisions || []).map((d) =>
+      el("li", {}, el("span", { class: "act" }, `tick ${d.tick_index}: ${actionText(d)}`),
+        d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
+        d.error ? el("div", { class: "error" }, d.error) : null,
+        el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`)));
+    box.replaceChildren(
+      el("div", { class: "who" }, el("b", {}, r.name), ` ${r.age}, ${r.occupation}`),
+      el("div", { class: "where" }, `at ${placeName}`, r.thinking ? " · thinking…" : ""),
+      r.personality ? el("div", { class: "personality" }, r.personality) : null,
+      el("div", { class: "bars" },
+        bar("hunger", r.hunger, 100, "hunger"), bar("energy", r.energy, 100, "energy"),
+        el("div", { class: "bar-row" }, el("span", { class: "bar-label" }, "money"),
+          el("span", { class: "money" }, `¥${r.money}`))),
+      el("div", { class: "likes" }, "likes: ", (r.likes || []).join(", ")),
+      r.memories ? el("details", { open: "" }, el("summary", {}, "memories"),
+        el("ul", { class: "memories" }, ...r.memories.map((m) => el("li", {}, m)))) : null,
+      r.decisions ? el("details", { open: "" }, el("summary", {}, "last decisions"),
+        el("ul", { class: "decisions" }, ...decisions)) : null,
+    );
+    box.dataset.residentId = r.id;
+  }
+
+  function note(text) {
+    const node = $("map-note");
+    node.hidden = !text;
+    node.textContent = text || "";
+  }
+
+  window.TownPanel = { renderStats, setConnection, feedAdd, feedReset, renderResident, note };
+})();

@@ -1,0 +1,118 @@
+"""GET /metrics: vLLM's metric names, summed in Redis from whichever process ran the engine —
+recorded directly, through a real worker's completions, and with Redis down."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.metrics import metrics_record
+
+MODEL = "smollm2-tiny-random"
+
+
+@pytest.fixture
+def metrics_prefix(settings, redis_url):
+    prefix = f"test-metrics-{uuid.uuid4().hex[:10]}"
+    settings.INFERENCE_METRICS_PREFIX = prefix
+    yield prefix
+    redis.Redis.from_url(redis_url).delete(f"{prefix}:series")
+
+
+def _scrape() -> dict[str, dict[tuple, float]]:
+    """{sample name: {labels as sorted tuples: value}} from GET /metrics."""
+    response = Client().get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return samples
+
+
+def _request(**overrides) -> dict:
+    return {
+        "queue_s": 0.2,
+        "prefill_s": 0.7,
+        "decode_s": 1.2,
+        "ttft_s": 0.9,
+        "e2e_s": 2.1,
+        "num_prompt_tokens": 1200,
+        "num_cached_tokens": 1024,
+        "num_output_tokens": 40,
+        "num_preemptions": 0,
+        **overrides,
+    }
+
+
+def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
+    metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")
+    metrics_record(
+        model=MODEL,
+        metrics=_request(e2e_s=12.0, num_cached_tokens=0, lost_tokens={"eviction": 48}),
+        finish_reason="length",
+    )
+    s = _scrape()
+    model = (("model_name", MODEL),)
+    assert s["pokomachi:metrics_store_up"][()] == 1.0
+    assert s["vllm:prefix_cache_queries_total"][model] == 2400
+    assert s["vllm:prefix_cache_hits_total"][model] == 1024
+    assert s["vllm:prompt_tokens_total"][model] == 2400
+    assert s["vllm:generation_tokens_total"][model] == 80
+    success = s["vllm:request_success_total"]
+    assert success[(("finished_reason", "stop"), *model)] == 1
+    assert success[(("finished_reason", "length"), *model)] == 1
+    assert s["pokomachi:lost_prompt_tokens_total"][(*model, ("reason", "eviction"))] == 48
+    e2e = s["vllm:e2e_request_latency_seconds_bucket"]
+    assert e2e[(("le", "2.5"), *model)] == 1 and e2e[(("le", "15.0"), *model)] == 2
+    assert e2e[(("le", "+Inf"), *model)] == 2
+    assert s["vllm:e2e_request_latency_seconds_count"][model] == 2
+    assert s["vllm:e2e_request_latency_seconds_sum"][model] == pytest.approx(14.1)
+    for name in [
+        "vllm:time_to_first_token_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ]:
+        assert s[f"{name}_count"][model] == 2, name
+    assert s["vllm:request_prefill_time_seconds_sum"][model] == pytest.approx(1.4)
+
+
+def test_redis_down_costs_a_warning_not_a_completion(settings, caplog, metrics_prefix):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")  # does not raise
+    assert "metrics not recorded" in caplog.text
+    s = _scrape()
+    assert s["pokomachi:metrics_store_up"][()] == 0.0
+    assert "vllm:prompt_tokens_total" not in s
+
+
+def test_completions_on_a_worker_show_up_in_the_web_process(celery_worker_process, metrics_prefix):
+    from inference.tasks import chat_completion
+
+    worker = celery_worker_process(env={"POKOMACHI_METRICS_PREFIX": metrics_prefix})
+    request = {
+        "messages": [{"role": "user", "content": "Tell me about the bakery in town. " * 8}],
+        "json_schema": None,
+        "max_tokens": 6,
+        "temperature": 0.0,
+    }
+    for _ in range(2):
+        result = chat_completion.apply_async(args=[request], queue=worker.queue).get(timeout=120)
+        assert "error" not in result
+    s = _scrape()
+    model = (("model_name", MODEL),)
+    prompt = result["metrics"]["num_prompt_tokens"]
+    assert s["vllm:prefix_cache_queries_total"][model] == 2 * prompt
+    assert s["vllm:prefix_cache_hits_total"][model] == result["metrics"]["num_cached_tokens"] > 0
+    assert s["vllm:e2e_request_latency_seconds_count"][model] == 2
+    assert sum(s["vllm:request_success_total"].values()) == 2

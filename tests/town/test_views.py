@@ -1,0 +1,199 @@
+"""The town view's pages and JSON: run list, run page, resident panel, replay (each resident's
+state as of each tick), and the staff controls (the run services, and their events)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from tests.town.factories import run_factory, small_town_factory
+from town import services
+from town.models import Decision, RunEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def _answer_all(tick, value: dict) -> None:
+    """Answer every decision of the tick as a worker would, with the same JSON."""
+    for decision in tick.decisions.all():
+        Decision.objects.filter(pk=decision.pk).update(
+            status=Decision.Status.COMPUTED,
+            raw_output=json.dumps(value),
+            finish_reason="stop",
+            num_prompt_tokens=1000,
+            num_cached_tokens=600,
+            num_output_tokens=20,
+            app_e2e_s=0.5,
+        )
+
+
+def _two_ticks(run):
+    """Tick 0: everyone goes to the park; tick 1: everyone stays there."""
+    for value in (
+        {"action": "go", "target": "Park", "reason": "fresh air"},
+        {"action": "stay", "target": "Park", "reason": "still nice"},
+    ):
+        tick = services.tick_begin(run=run)
+        _answer_all(tick, value)
+        services.tick_finish(tick=tick)
+        run.refresh_from_db()
+
+
+@pytest.fixture
+def run():
+    return run_factory(town=small_town_factory())
+
+
+@pytest.fixture
+def staff_client(client):
+    user = get_user_model().objects.create_user("boss", password="pw-for-tests", is_staff=True)
+    client.force_login(user)
+    return client
+
+
+def test_run_list_links_every_run(client, run):
+    other = run_factory(town=run.town)
+    response = client.get(reverse("town:run-list"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    for r in (run, other):
+        assert f'href="/runs/{r.pk}/"' in html and f'href="/runs/{r.pk}/replay/"' in html
+
+
+def test_run_list_says_how_to_start_when_there_are_no_runs(client):
+    html = client.get("/").content.decode()
+    assert "No runs yet" in html and "create_run --start" in html
+
+
+def test_run_page_has_the_map_and_scripts_and_controls_only_for_staff(client, run):
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert '<canvas id="town-map"' in html and "town/live.js" in html
+    assert f"runId: {run.pk}" in html
+    assert 'data-control="start"' not in html
+    staff = get_user_model().objects.create_user("s", password="pw-for-tests", is_staff=True)
+    client.force_login(staff)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    for control in ("start", "pause", "step", "stop"):
+        assert f'data-control="{control}"' in html
+
+
+def test_static_files_are_found(client):
+    from django.contrib.staticfiles import finders
+
+    for name in ("town/map.js", "town/panel.js", "town/live.js", "town/replay.js", "town/town.css"):
+        assert finders.find(name), name
+
+
+def test_unknown_run_is_404(client):
+    assert client.get("/runs/999999/").status_code == 404
+    assert client.get("/runs/999999/replay.json").status_code == 404
+
+
+def test_login_required_sends_anonymous_users_to_log_in(client, run, settings):
+    settings.TOWN_VIEW_LOGIN_REQUIRED = True
+    response = client.get(f"/runs/{run.pk}/")
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+    user = get_user_model().objects.create_user("u", password="pw-for-tests")
+    client.force_login(user)
+    assert client.get(f"/runs/{run.pk}/").status_code == 200
+
+
+def test_resident_panel_has_state_memories_and_last_decisions(client, run):
+    _two_ticks(run)
+    aki = run.resident_states.get(resident__name="Aki")
+    response = client.get(f"/runs/{run.pk}/residents/{aki.resident_id}/")
+    assert response.status_code == 200
+    detail = response.json()
+    assert detail["name"] == "Aki" and detail["place_name"] == "Park"
+    assert (detail["hunger"], detail["energy"], detail["money"]) == (
+        aki.hunger,
+        aki.energy,
+        aki.money,
+    )
+    assert detail["likes"] == ["cafe"]
+    assert detail["memories"]
+    assert [(d["tick_index"], d["action"]) for d in detail["decisions"]] == [(1, "stay"), (0, "go")]
+    assert detail["decisions"][0]["num_cached_tokens"] == 600
+    assert detail["decisions"][0]["latency_s"] == 0.5
+    other_run = run_factory(town=small_town_factory())
+    stranger = other_run.resident_states.first().resident_id
+    assert client.get(f"/runs/{run.pk}/residents/{stranger}/").status_code == 404
+
+
+def test_replay_gives_each_residents_state_as_of_each_tick(client, run):
+    homes = dict(run.resident_states.values_list("resident_id", "place_id"))
+    start_hunger = dict(run.resident_states.values_list("resident_id", "hunger"))
+    _two_ticks(run)
+    park = run.town.places.get(name="Park").pk
+    data = client.get(f"/runs/{run.pk}/replay.json").json()
+    frames = data["frames"]
+    assert [f["tick_index"] for f in frames] == [0, 1, 2]
+    assert [f["clock"]["hhmm"] for f in frames] == ["07:00", "09:00", "11:00"]
+    # As each tick began, not as the run ended.
+    assert {int(k): s["place_id"] for k, s in frames[0]["states"].items()} == homes
+    assert {int(k): s["hunger"] for k, s in frames[0]["states"].items()} == start_hunger
+    assert {s["place_id"] for s in frames[1]["states"].values()} == {park}
+    hunger = [
+        frames[i]["states"][str(run.resident_states.first().resident_id)]["hunger"]
+        for i in range(3)
+    ]
+    assert hunger[0] < hunger[1] < hunger[2]
+    end = dict(run.resident_states.values_list("resident_id", "hunger"))
+    assert {int(k): s["hunger"] for k, s in frames[2]["states"].items()} == end
+    assert [d["action"] for d in frames[0]["decisions"]] == ["go"] * 4
+    assert [d["action"] for d in frames[1]["decisions"]] == ["stay"] * 4
+    assert frames[2]["decisions"] == []
+    assert {p["name"] for p in data["places"]} >= {"Park", "Cafe"}
+    assert park in frames[0]["open_place_ids"]
+    cafe = run.town.places.get(name="Cafe").pk  # opens at 8
+    assert cafe not in frames[0]["open_place_ids"] and cafe in frames[1]["open_place_ids"]
+    assert "town/replay.js" in client.get(f"/runs/{run.pk}/replay/").content.decode()
+
+
+def test_replay_of_a_run_with_no_ticks_is_its_starting_state(client, run):
+    frames = client.get(f"/runs/{run.pk}/replay.json").json()["frames"]
+    assert len(frames) == 1 and frames[0]["decisions"] == []
+    assert len(frames[0]["states"]) == 4
+
+
+def test_controls_are_staff_only(client, run):
+    response = client.post(f"/runs/{run.pk}/control/start/")
+    assert response.status_code == 403 and "staff" in response.json()["error"]
+    user = get_user_model().objects.create_user("u", password="pw-for-tests")
+    client.force_login(user)
+    assert client.post(f"/runs/{run.pk}/control/start/").status_code == 403
+    run.refresh_from_db()
+    assert run.status == "created"
+
+
+def test_controls_call_the_run_services_and_emit_events(staff_client, run):
+    for control, status in [("start", "running"), ("pause", "paused"), ("step", "paused")]:
+        response = staff_client.post(f"/runs/{run.pk}/control/{control}/")
+        assert response.status_code == 200, response.content
+        assert response.json()["run"]["status"] == status
+    run.refresh_from_db()
+    assert (run.status, run.num_steps_pending) == ("paused", 1)
+    assert (
+        list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == ["run.state"] * 3
+    )
+    response = staff_client.post(f"/runs/{run.pk}/control/start/")
+    assert response.status_code == 409 and "cannot start" in response.json()["error"]
+    response = staff_client.post(f"/runs/{run.pk}/control/explode/")
+    assert response.status_code == 400 and "start, pause" in response.json()["error"]
+    assert staff_client.get(f"/runs/{run.pk}/control/stop/").status_code == 405
+
+
+def test_controls_need_the_csrf_token(run):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    user = get_user_model().objects.create_user("b", password="pw-for-tests", is_staff=True)
+    client.force_login(user)
+    assert client.post(f"/runs/{run.pk}/control/start/").status_code == 403
+    page = client.get(f"/runs/{run.pk}/")
+    token = page.cookies["csrftoken"].value
+    response = client.post(f"/runs/{run.pk}/control/start/", HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 200
