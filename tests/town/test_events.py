@@ -117,15 +117,14 @@ def test_a_tick_emits_started_applied_moved_and_advanced_in_order():
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
     kinds = [e.kind for e in stored]
     assert kinds[0] == "run.state"  # started
-    assert kinds[1:5] == ["decision.started"] * 4
-    assert kinds[5:9] == ["decision.applied"] * 4
+    assert kinds[1:5] == ["decision.applied"] * 4
     moved = [e for e in stored if e.kind == "resident.moved"]
-    assert kinds[9 : 9 + len(moved)] == ["resident.moved"] * len(moved)
-    assert kinds[9 + len(moved) :] == ["tick.advanced", "run.state"]  # ticks_target reached
+    assert kinds[5 : 5 + len(moved)] == ["resident.moved"] * len(moved)
+    assert kinds[5 + len(moved) :] == ["tick.advanced", "run.state"]  # ticks_target reached
     assert stored[-1].data["status"] == "finished"
 
     decisions = {d.pk: d for d in Decision.objects.filter(tick=tick).select_related("resident")}
-    for event in stored[5:9]:
+    for event in stored[1:5]:
         d = decisions[event.data["decision_id"]]
         assert event.data["resident_name"] == d.resident.name
         assert (event.data["action"], event.data["target"]) == (d.action, d.target)

@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from inference.errors import CompletionInputError
 from inference.services import Completion, completion_generate
-from town import events
 from town.actions import action_problem
 from town.effects import Note, action_apply
 from town.models import Decision
@@ -42,7 +41,6 @@ def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
         decision.status = D.QUEUED
         decision.dispatched_at = timezone.now()
         decision.save(update_fields=["status", "dispatched_at"])
-        events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
         decision_id, node = decision.pk, decision.node
         transaction.on_commit(lambda: send(decision_id, node))
     return decision
