@@ -204,11 +204,13 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     page.wait_for_timeout(300)  # anything doubled would arrive now
     applied = page.evaluate("townView.appliedSeqs")
     assert applied == list(range(snapshot_seq + 1, newest + 1))
-    assert page.evaluate("[townView.snapshots, townView.duplicates, townView.connects]") == [
-        1,
-        0,
-        2,
-    ]
+    snapshots, duplicates, connects = page.evaluate(
+        "[townView.snapshots, townView.duplicates, townView.connects]"
+    )
+    # One snapshot, nothing doubled; a loaded machine may drop the socket once more, and the
+    # client then resumes from its last seq (the applied list above shows nothing was lost).
+    assert (snapshots, duplicates) == (1, 0)
+    assert connects >= 2
     assert page.locator("#feed .feed-item").count() == 20
     assert page.locator("#stat-tick").inner_text() == "2"
     assert page.locator("#stat-status").inner_text() == "paused"
