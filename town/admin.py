@@ -16,7 +16,17 @@ from django.utils.safestring import mark_safe
 
 from town import services
 from town.errors import RunStateError
-from town.models import Decision, Memory, Place, Resident, ResidentState, Run, Tick, Town
+from town.models import (
+    DECISION_METRIC_FIELDS,
+    Decision,
+    Memory,
+    Place,
+    Resident,
+    ResidentState,
+    Run,
+    Tick,
+    Town,
+)
 from town.reports import run_chart_data, runs_compare
 from town.selectors import run_summary
 
@@ -190,17 +200,7 @@ class TickAdmin(admin.ModelAdmin):
 
 
 DECISION_METRICS = [
-    "num_prompt_tokens",
-    "num_cached_tokens",
-    "num_output_tokens",
-    "lost_tokens",
-    "queue_s",
-    "prefill_s",
-    "decode_s",
-    "ttft_s",
-    "engine_e2e_s",
-    "app_e2e_s",
-    "app_latency_s",
+    *DECISION_METRIC_FIELDS,
     "attempts",
     "retries",
     "worker",

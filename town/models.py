@@ -187,6 +187,23 @@ class Tick(models.Model):
         return f"run {self.run_id} tick {self.index}"
 
 
+# The engine's per-decision metrics (vLLM definitions) and the app's own latencies, as stored
+# on Decision: shown together by the admin and the API.
+DECISION_METRIC_FIELDS = [
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_output_tokens",
+    "lost_tokens",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "ttft_s",
+    "engine_e2e_s",
+    "app_e2e_s",
+    "app_latency_s",
+]
+
+
 class Decision(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"  # created, not yet sent to a node

@@ -131,10 +131,6 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            self._evict(block)
-
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return

@@ -104,13 +104,6 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget all cached blocks; only allowed when no request holds any."""
-        if self.block_pool.num_free_blocks != self.block_pool.num_blocks:
-            return False
-        self.block_pool.reset_prefix_cache()
-        return True
-
     def _update_hashes(self, request: Request) -> None:
         request.block_hashes = hash_request_blocks(
             request.all_token_ids,

@@ -8,7 +8,16 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from town.models import Decision, Place, Resident, ResidentState, Run, Tick, Town
+from town.models import (
+    DECISION_METRIC_FIELDS,
+    Decision,
+    Place,
+    Resident,
+    ResidentState,
+    Run,
+    Tick,
+    Town,
+)
 from town.prompts import LAYOUTS
 from town.selectors import run_summary
 
@@ -191,17 +200,7 @@ DECISION_LIST_FIELDS = [
     "attempts",
     "retries",
     "worker",
-    "num_prompt_tokens",
-    "num_cached_tokens",
-    "num_output_tokens",
-    "lost_tokens",
-    "queue_s",
-    "prefill_s",
-    "decode_s",
-    "ttft_s",
-    "engine_e2e_s",
-    "app_e2e_s",
-    "app_latency_s",
+    *DECISION_METRIC_FIELDS,
     "dispatched_at",
     "started_at",
     "computed_at",
