@@ -28,6 +28,8 @@ class EngineConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
+    # JSON-schema output: append the tokens the grammar forces without a model step of their own.
+    enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
