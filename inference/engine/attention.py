@@ -63,6 +63,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     spans: list[SequenceSpan]
     shared: SharedPrefix | None = None
+    # Sliding-window layers' own metadata when their cache is a separate (window-sized) group;
+    # None: they read the same slots as full layers and the window is applied by mask alone.
+    sliding: AttentionMetadata | None = None
 
 
 def plan_span(

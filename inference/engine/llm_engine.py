@@ -150,7 +150,8 @@ class LLMEngine:
 
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
