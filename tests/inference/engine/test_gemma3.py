@@ -5,6 +5,7 @@ forward pass of the same model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -167,3 +168,22 @@ def test_sliding_layers_read_their_own_metadata_when_given():
     model(torch.arange(n), torch.arange(n), caches, meta, torch.tensor([n - 1]))
     assert caches[0][0][:10].abs().sum() == 0 and caches[0][0][10:].abs().sum() > 0
     assert caches[1][0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_json_schema_decoding_over_the_sentencepiece_vocabulary(tiny_gemma, seed):
+    """xgrammar reads Gemma's spellings ("▁" spaces, <0xNN> bytes): the output always parses."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "target": {"type": "string", "enum": ["bakery", "パン屋", "神社"]},
+            "reason": {"type": "string", "maxLength": 30},
+        },
+        "required": ["target", "reason"],
+    }
+    params = SamplingParams(max_tokens=60, temperature=1.0, seed=seed, json_schema=schema)
+    out = tiny_gemma.generate("Where do you go? ", params)[0]
+    assert out.finish_reason == "stop"
+    decision = json.loads(out.text)
+    assert decision["target"] in {"bakery", "パン屋", "神社"}
+    assert len(decision["reason"]) <= 30
