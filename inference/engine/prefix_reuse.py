@@ -12,7 +12,8 @@ Walking the prompt from the start, with R the reuse point:
 - [H, M): tokens that match a cached prompt but not a whole shared block: the partial last
   block (and the block recomputed for the last token's logits) — alignment.
 - [M, E): blocks that were cached and evicted since — eviction.
-- [E, end): never cached — cold.
+- [E, end): never in a cached block — cold. Only full blocks are cached, so the unfilled last
+  block of an earlier prompt never was: tokens matching it are cold too.
 """
 
 from __future__ import annotations

@@ -33,7 +33,12 @@ from inference.engine.bench.retention_sweep import (
     run_sweep,
     sweep_json,
 )
-from inference.engine.bench.workload import DECISION_MAX_TOKENS, Workload, build_workload
+from inference.engine.bench.workload import (
+    DECISION_MAX_TOKENS,
+    Workload,
+    build_workload,
+    chat_tokenizer_for,
+)
 
 RUN_NAMES = [*ENGINE_RUNS, "transformers"]
 
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
     def workload_of(engine: LLMEngine) -> Workload:
         return build_workload(
-            engine.tokenizer,
+            chat_tokenizer_for(engine.tokenizer),
             num_requests=args.requests,
             head_tokens=_sweep_system_tokens(args.head_tokens),
             prompt_token_range=args.prompt_token_range,

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from inference.engine import LLMEngine, RequestMetrics, SamplingParams
-from inference.engine.bench.workload import Workload
+from inference.engine.bench.workload import Workload, chat_tokenizer_for
 
 # One token each in the tokenizers we ship; the first token of each must differ.
 _MARKER_WORDS = [
@@ -87,7 +87,8 @@ def label_of(interval: int | None) -> str:
 
 def exact_head_prompts(tokenizer, workload: Workload, head_tokens: int) -> list[list[int]]:
     """The workload's prompts as token ids, sharing exactly `head_tokens` tokens pairwise."""
-    prompts = [tokenizer.apply_chat_template(messages) for messages in workload.requests]
+    chat = chat_tokenizer_for(tokenizer)
+    prompts = [chat.apply_chat_template(messages) for messages in workload.requests]
     if workload.num_shared_prefix_tokens < head_tokens:
         raise ValueError(
             f"the workload's prompts share only {workload.num_shared_prefix_tokens} tokens, "
