@@ -210,3 +210,24 @@ def test_memory_per_running_sequence_is_bounded_by_the_window_plus_a_chunk():
         most = max(most, manager.sliding.num_held_blocks("a"))
     assert len(manager.get_block_ids("a")) == 53  # the full group holds all 210 tokens
     assert most <= bound == 7
+
+
+def test_checkpoints_are_evicted_least_recently_used_first():
+    manager = make_manager(window=8, interval=0, num_blocks=32, num_sliding_blocks=8)
+    pool = manager.sliding.block_pool
+    a, c = make_request("a", range(12)), make_request("c", range(100, 112))
+    for request in (a, c):
+        prefill(manager, request, chunk=24)
+        manager.free(request)
+    # Prompt end 12: each keeps the window before it, blocks 1-2 (a: ids 1, 2; c: ids 3, 4).
+    assert pool.free_queue.block_ids() == [0, 5, 6, 7, 2, 1, 4, 3]
+    b = make_request("b", [*range(12), 50, 51])  # hits a's checkpoint: a's becomes the newest
+    assert prefill(manager, b, chunk=24) == 12
+    manager.free(b)
+    assert pool.free_queue.block_ids() == [0, 5, 6, 7, 4, 3, 2, 1]
+    prefill(manager, make_request("d", range(200, 224)), chunk=24)  # takes 6 blocks: 0 .. 3
+    assert manager.get_window_block_ids("d") == (0, [0, 5, 6, 7, 4, 3])
+    hits, num_hit = manager.get_computed_blocks(make_request("c2", [*range(100, 112), 60]))
+    assert num_hit == 0 and hits.reuse.num_lost_to_eviction == 12
+    hits, num_hit = manager.get_computed_blocks(make_request("a2", [*range(12), 61]))
+    assert num_hit == 12 and [blk.block_id for blk in hits.sliding_blocks] == [1, 2]
