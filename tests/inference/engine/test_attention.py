@@ -137,6 +137,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     window = rng.choice([5, 8, 13])
+    H, KVH, D = rng.choice([(6, 2, 8), (4, 1, 16), (2, 2, 4)])  # heads, kv heads, head_dim
     num_blocks = 80
     k_cache = torch.full((num_blocks * BLOCK, KVH, D), float("nan"))  # unlisted slots poison
     v_cache = torch.full_like(k_cache, float("nan"))
