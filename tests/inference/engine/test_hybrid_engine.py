@@ -96,9 +96,11 @@ def test_batched_and_chunked_requests_with_a_small_pool_match_uncached(make_engi
     expected = [
         o.token_ids for o in make_engine(enable_prefix_caching=False).generate(prompts, params)
     ]
-    engine = make_engine(retention_interval=128, num_kv_blocks=120, max_num_batched_tokens=256)
+    engine = make_engine(retention_interval=128, num_kv_blocks=50, max_num_batched_tokens=256)
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.num_lost_to_eviction > 0
     assert all(accounted(o.metrics) == len(p) for o, p in zip(outs, prompts, strict=True))
 
 
