@@ -1,6 +1,9 @@
 """ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
 
-It owns the model and the KV cache tensors; the scheduler owns which slots are whose.
+It owns the model and the KV cache tensors; the scheduler owns which slots are whose. A
+hybrid model's layers come in two KV groups: full-attention layers index the full group's
+slots, sliding-window layers their own (smaller in use, not in size) sliding group's, and get
+their own metadata (`meta.sliding`) listing only the blocks of each request's window.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ class ModelRunner:
         self.block_size = block_size
         self.structured = structured
         cfg = loaded.config
-        num_slots = num_blocks * block_size
-        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        layer_types = layer_types_of(cfg)
+        self.has_sliding = "sliding" in layer_types
+        # One pair of tensors per layer; both groups have num_blocks blocks (see llm_engine).
+        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-            for _ in range(cfg.num_layers)
+            for _ in layer_types
         ]
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
@@ -73,6 +78,8 @@ class ModelRunner:
         meta = AttentionMetadata(
             torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
         )
+        if self.has_sliding:
+            meta.sliding = self._sliding_metadata(output)
         logits = self.model(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
@@ -98,6 +105,37 @@ class ModelRunner:
                 num_full[index] = scheduled.request.num_computed_tokens // self.block_size
         return plan_shared_prefix(decode_blocks, num_full, self.block_size, self.device)
 
-    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+    def _sliding_metadata(self, output: SchedulerOutput) -> AttentionMetadata:
+        """Slots and spans over each request's window blocks in the sliding group."""
         size = self.block_size
-        return [block_ids[p // size] * size + p % size for p in range(start, end)]
+        slot_mapping: list[int] = []
+        spans = []
+        for scheduled in output.scheduled:
+            assert scheduled.window_block_ids is not None, "hybrid model without a window table"
+            first, block_ids = scheduled.window_block_ids
+            start = scheduled.request.num_computed_tokens
+            end = start + scheduled.num_new_tokens
+            query_start = len(slot_mapping)
+            slot_mapping.extend(self._slots(block_ids, start, end, first))
+            spans.append(
+                plan_span(
+                    query_start,
+                    end - start,
+                    block_ids,
+                    start,
+                    size,
+                    self.device,
+                    first_position=first * size,
+                )
+            )
+        return AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
+
+    def _slots(self, block_ids: list[int], start: int, end: int, first: int = 0) -> list[int]:
+        """Slot of each position in [start, end); block_ids[0] is block index `first`."""
+        size = self.block_size
+        return [block_ids[p // size - first] * size + p % size for p in range(start, end)]
+
+
+def layer_types_of(config) -> tuple[str, ...]:
+    """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
+    return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)
