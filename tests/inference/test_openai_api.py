@@ -5,13 +5,7 @@ error answer in OpenAI's shape through Django's test client."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,7 +13,6 @@ from django.test import Client
 
 from inference.openai_api.protocol import OpenAIError, chat_request_parse
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-tiny-random"  # what pokosite.settings.test serves
 LONG_QUESTION = (
     "Pokomachi is a small town with a kissaten, a bakery famous for melon pan, a bookshop with a "
@@ -35,50 +28,6 @@ PLACE_SCHEMA = {
     "required": ["place", "minutes"],
     "additionalProperties": False,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def openai_server(celery_worker_process, redis_url):
-    """(base URL, worker): daphne serving pokosite on a free port, its one node a real worker."""
-    from django.db import connection
-
-    worker = celery_worker_process()
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "pokosite.settings.test",
-        "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-        "POKOMACHI_TEST_REDIS_URL": redis_url,
-        "POKOMACHI_NODES": worker.queue,
-        "POKOMACHI_METRICS_PREFIX": f"test-metrics-{uuid.uuid4().hex[:8]}",
-    }
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-            "pokosite.asgi:application"]  # fmt: skip
-    server = subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"daphne did not start: {server.stdout.read()[-4000:]}")
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/v1", worker
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
 
 
 def test_the_openai_client_plain_json_schema_streaming_and_cached_tokens(openai_server):
