@@ -116,8 +116,12 @@ def remote_generate(
         if 400 <= exc.status_code < 500:
             raise CompletionInputError(f"{base_url} refused the request: {exc.message}") from exc
         raise RemoteServerError(f"{base_url} failed the request: {exc.message}") from exc
-    except openai.APIError as exc:
+    except openai.APIConnectionError as exc:
         raise RemoteServerError(f"no answer from {base_url}: {exc}") from exc
+    except openai.APIError as exc:  # an error event inside the stream
+        if exc.type == "invalid_request_error":
+            raise CompletionInputError(f"{base_url} refused the request: {exc.message}") from exc
+        raise RemoteServerError(f"{base_url} failed the request: {exc.message}") from exc
     ended = time.monotonic()
     first = first_token_at or ended
     client = {"ttft_s": first - started, "e2e_s": ended - started, "decode_s": ended - first}

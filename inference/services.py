@@ -35,6 +35,14 @@ class Completion:
     metrics: dict[str, Any]  # dataclasses.asdict(RequestMetrics): seconds and token counts
 
 
+def completion_model() -> str:
+    """The name of the model that answers completions: the external server's when one is
+    configured (POKOMACHI_OPENAI_MODEL), else the engine's (POKOMACHI_MODEL)."""
+    if remote_is_configured():
+        return settings.INFERENCE_OPENAI["model"]
+    return settings.INFERENCE_ENGINE["model"]
+
+
 def _messages_check(messages: object) -> None:
     if not isinstance(messages, list) or not messages:
         raise CompletionInputError(

@@ -34,13 +34,14 @@ from inference.openai_api.protocol import (
     completion_id,
     usage,
 )
+from inference.services import completion_model
 
 POLL_S = 0.05
 KEEPALIVE_S = 5.0
 
 
 def _served_model() -> str:
-    return settings.INFERENCE_ENGINE["model"]
+    return completion_model()
 
 
 def _error(exc: OpenAIError) -> JsonResponse:
