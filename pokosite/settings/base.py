@@ -43,6 +43,16 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: must be a whole number") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be a number of seconds") from None
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """A comma-separated list; blanks around names are dropped."""
     raw = os.environ.get(name)
@@ -189,13 +199,13 @@ INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
 INFERENCE_METRICS_PREFIX = os.environ.get("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
 # How long /v1/chat/completions waits for its node to answer.
-OPENAI_API_TIMEOUT_S = float(os.environ.get("POKOMACHI_OPENAI_TIMEOUT", "600"))
+OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
 # A streamed completion's worker sends a heartbeat every 2 s; silent this long means it died.
-OPENAI_STREAM_IDLE_TIMEOUT_S = float(os.environ.get("POKOMACHI_STREAM_IDLE_TIMEOUT", "30"))
+OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 # Streamed completions' text travels from worker to web in Redis streams under this prefix.
 INFERENCE_STREAM_PREFIX = os.environ.get("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
 # Each worker publishes its engine's live stats (running, waiting, KV usage) this often.
-INFERENCE_STATS_INTERVAL_S = float(os.environ.get("POKOMACHI_STATS_INTERVAL", "2"))
+INFERENCE_STATS_INTERVAL_S = env_float("POKOMACHI_STATS_INTERVAL", 2.0)
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
 # of our engine when base_url is set; the workers then load no model (inference/remote.py).
 INFERENCE_OPENAI = {
