@@ -90,3 +90,37 @@ def test_a_worker_killed_mid_stream_ends_it_with_an_error(openai_server):
     waited = time.monotonic() - started
     assert STREAM_IDLE_TIMEOUT_S - 0.5 < waited < STREAM_IDLE_TIMEOUT_S + 10
     assert "retry" in str(failure.value)
+
+
+@pytest.mark.real_model
+def test_real_model_first_text_comes_long_before_the_end(celery_worker_process, redis_url):
+    """SmolLM2-135M behind daphne: the client's time to first text vs the whole completion,
+    streamed and not (numbers in docs/PERFORMANCE.md; run with -s to see them)."""
+    from tests.inference.conftest import daphne_start
+
+    worker = celery_worker_process(env={"POKOMACHI_MODEL": "smollm2-135m-instruct"})
+    with daphne_start(worker, redis_url, env={"POKOMACHI_MODEL": "smollm2-135m-instruct"}) as url:
+        client = _client(url)
+        messages = [
+            {"role": "system", "content": "You are Aki, a retired teacher living in Pokomachi."},
+            {"role": "user", "content": "Describe your morning walk through town in detail."},
+        ]
+        params = {"model": "smollm2-135m-instruct", "messages": messages, "temperature": 0}
+        params["max_tokens"] = 96
+        client.chat.completions.create(**params | {"max_tokens": 1})  # warm the prefix cache
+        started = time.monotonic()
+        plain = client.chat.completions.create(**params)
+        plain_s = time.monotonic() - started
+        started, first_s, pieces = time.monotonic(), None, []
+        for chunk in client.chat.completions.create(**params | {"stream": True}):
+            if chunk.choices and chunk.choices[0].delta.content:
+                first_s = first_s or time.monotonic() - started
+                pieces.append(chunk.choices[0].delta.content)
+        stream_s = time.monotonic() - started
+    print(
+        f"\nreal model, {plain.usage.completion_tokens} output tokens: plain {plain_s:.2f} s; "
+        f"streamed: first text {first_s:.2f} s, last {stream_s:.2f} s, {len(pieces)} chunks"
+    )
+    assert "".join(pieces) == plain.choices[0].message.content
+    assert plain.usage.completion_tokens > 40 and len(pieces) > 20
+    assert first_s < 0.25 * stream_s
