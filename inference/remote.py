@@ -64,7 +64,8 @@ def _request(
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": remote_model(),
-        "messages": messages,
+        # Only what OpenAI defines: the town's cache breakpoints ("cache": True) are ours.
+        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
         "max_tokens": max_tokens,
         "temperature": temperature,
         "top_p": top_p,
