@@ -9,7 +9,8 @@ import uuid
 
 import jsonschema
 import pytest
-from django.test import Client
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient, Client
 
 from inference.openai_api.protocol import OpenAIError, chat_request_parse
 
@@ -146,6 +147,31 @@ def test_a_node_without_a_worker_times_out_with_504(db, redis_url, settings):
     )
     assert response.status_code == 504
     assert f"no answer from node '{node}'" in response.json()["error"]["message"]
+
+
+def test_a_streamed_request_no_worker_takes_ends_with_an_error_event(db, redis_url, settings):
+    node = f"nobody-{uuid.uuid4().hex[:8]}"
+    settings.INFERENCE_NODES = [*settings.INFERENCE_NODES, node]
+    settings.OPENAI_API_TIMEOUT_S = 0.5
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "node": node}
+
+    async def post() -> tuple[int, list[str]]:
+        response = await AsyncClient().post(
+            "/v1/chat/completions", {**body, "stream": True}, content_type="application/json"
+        )
+        events = [part.decode() async for part in response.streaming_content]
+        return response.status_code, events
+
+    status, events = async_to_sync(post)()
+    assert status == 200 and response_is_sse(events)
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["delta"]["role"]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "timeout" and f"no answer from node '{node}'" in error["message"]
+    assert events[-1] == "data: [DONE]\n\n"
+
+
+def response_is_sse(events: list[str]) -> bool:
+    return all(e.startswith(("data: ", ": ")) and e.endswith("\n\n") for e in events)
 
 
 def test_request_parsing_maps_roles_parts_and_formats():
