@@ -111,3 +111,32 @@ def test_a_tick_decided_by_the_external_server(remote, celery_worker_process):
     # The shared head was reused on the server, and the decision says so.
     assert sum(d.num_cached_tokens for d in decisions) > 0
     assert engine_worker.is_alive()
+
+
+def test_a_server_without_per_request_timings_gets_the_clients(settings):
+    # vLLM's usage: token counts and cached tokens, no per-request timings.
+    from openai.types import CompletionUsage
+
+    from inference.remote import _metrics
+
+    settings.INFERENCE_OPENAI = {"base_url": "http://gpu1:8000/v1", "model": "m", "api_key": ""}
+    usage = CompletionUsage.model_validate(
+        {
+            "prompt_tokens": 1700,
+            "completion_tokens": 40,
+            "total_tokens": 1740,
+            "prompt_tokens_details": {"cached_tokens": 1536},
+        }
+    )
+    m = _metrics(usage, {}, {"ttft_s": 0.4, "e2e_s": 2.4, "decode_s": 2.0})
+    assert (m["num_prompt_tokens"], m["num_cached_tokens"], m["num_output_tokens"]) == (
+        1700,
+        1536,
+        40,
+    )
+    assert (m["ttft_s"], m["e2e_s"], m["decode_s"]) == (0.4, 2.4, 2.0)
+    assert m["queue_s"] is None and m["prefill_s"] is None
+    assert m["backend"] == "openai:http://gpu1:8000/v1"
+    # No usage at all (a server that ignores include_usage): counts unknown, timings kept.
+    bare = _metrics(None, {}, {"ttft_s": 0.4, "e2e_s": 2.4, "decode_s": 2.0})
+    assert bare["num_cached_tokens"] is None and bare["e2e_s"] == 2.4
