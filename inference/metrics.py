@@ -6,9 +6,10 @@ ran — `completion_generate` calls `metrics_record` with the engine's per-reque
 one Redis hash (settings.REDIS_URL, key `<INFERENCE_METRICS_PREFIX>:series`, HINCRBYFLOAT: atomic,
 so workers never lose each other's counts), and `/metrics` reads that hash and renders it with
 `prometheus-client`. Counters and histograms therefore cover every node since the hash was
-made, exactly as Prometheus expects of counters; there are no per-process gauges (a worker's
-KV usage at scrape time is not known here). Recording is best effort: if Redis does not answer,
-the completion goes on, the loss is logged, and recording pauses for a while.
+made, exactly as Prometheus expects of counters. The live gauges (running, waiting, KV usage)
+come from each worker's latest stats snapshot (inference/engine_stats.py). Recording is best
+effort: if Redis does not answer, the completion goes on, the loss is logged, and recording
+pauses for a while.
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ PAUSE_AFTER_FAILURE_S = 30.0
 
 
 def _lost_tokens(metrics: dict[str, Any]) -> dict[str, int]:
-    """Lost prompt tokens by reason, as the engine reports them (`lost_tokens` or `lost_<why>`)."""
+    """Lost prompt tokens by reason, as the engine reports them: RequestMetrics fields
+    `num_lost_to_<why>`, or `lost_<why>` / a `lost_tokens` dict."""
     lost: dict[str, int] = {}
     for key, value in metrics.items():
         if key == "lost_tokens" and isinstance(value, dict):
             lost.update({str(k): int(v) for k, v in value.items()})
-        elif key.startswith("lost_") and isinstance(value, int | float):
-            lost[key.removeprefix("lost_")] = int(value)
+        elif key.startswith(("lost_", "num_lost_to_")) and isinstance(value, int | float):
+            lost[key.removeprefix("num_lost_to_").removeprefix("lost_")] = int(value)
     return lost
 
 
@@ -230,6 +232,9 @@ class RedisCollector:
 
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    from inference.engine_stats import EngineStatsCollector
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector())
+    registry.register(EngineStatsCollector(_store.client()))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

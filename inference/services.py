@@ -1,13 +1,16 @@
-"""The one interface the town uses: generate a completion on this process's engine.
+"""The one interface the town uses: generate a completion on this process's engine, or on an
+external OpenAI-compatible server when one is configured (inference/remote.py).
 
 Callers (the town's Celery task, running inside a node's worker) pass chat messages and an
-optional JSON schema and get back text, token ids and the engine's metrics as a plain dict.
+optional JSON schema and get back text, token ids and the metrics as a plain dict, the same
+shape whichever backend answered; `on_text` receives the text as it is decoded (streaming).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +18,7 @@ from django.conf import settings
 
 from inference.errors import CompletionInputError
 from inference.metrics import metrics_record
+from inference.remote import remote_generate, remote_is_configured
 from inference.runtime import engine_get
 
 logger = logging.getLogger(__name__)
@@ -25,10 +29,18 @@ _ROLES = ("system", "user", "assistant")
 @dataclass(frozen=True)
 class Completion:
     text: str
-    token_ids: list[int]
+    token_ids: list[int]  # empty when an external server answered (it does not send them)
     finish_reason: str  # "stop" | "length"
     num_prompt_tokens: int
     metrics: dict[str, Any]  # dataclasses.asdict(RequestMetrics): seconds and token counts
+
+
+def completion_model() -> str:
+    """The name of the model that answers completions: the external server's when one is
+    configured (POKOMACHI_OPENAI_MODEL), else the engine's (POKOMACHI_MODEL)."""
+    if remote_is_configured():
+        return settings.INFERENCE_OPENAI["model"]
+    return settings.INFERENCE_ENGINE["model"]
 
 
 def _messages_check(messages: object) -> None:
@@ -58,19 +70,59 @@ def completion_generate(
     seed: int | None = None,
     stop: list[str] | None = None,
     cache_salt: str | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> Completion:
-    """Run one chat completion on this process's engine (blocking; safe from many threads).
+    """Run one chat completion (blocking; safe from many threads) on this process's engine, or
+    on the external server of settings.INFERENCE_OPENAI when it has a base_url.
 
-    With `json_schema`, decoding is constrained to JSON that the schema accepts. Bad input
-    raises CompletionInputError with the engine's reason.
+    With `json_schema`, decoding is constrained to JSON that the schema accepts. `on_text` is
+    called with each piece of text as it is decoded (no half characters, no part of a stop
+    string); the pieces add up to the completion's text. Bad input raises CompletionInputError
+    with the backend's reason.
     """
-    from inference.engine import SamplingParams
-
     _messages_check(messages)
     if json_schema is not None and not isinstance(json_schema, dict):
         raise CompletionInputError(
             f"json_schema must be a dict (a JSON schema) or None, got {type(json_schema).__name__}"
         )
+    request = {
+        "messages": messages,
+        "json_schema": json_schema,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "stop": stop,
+        "cache_salt": cache_salt,
+    }
+    if remote_is_configured():
+        # The server keeps its own metrics (its /metrics); recording here would count twice
+        # when it is another Pokomachi on the same Redis.
+        text, finish_reason, metrics = remote_generate(on_text=on_text, **request)
+        return Completion(
+            text=text,
+            token_ids=[],
+            finish_reason=finish_reason,
+            num_prompt_tokens=metrics["num_prompt_tokens"] or 0,
+            metrics=metrics,
+        )
+    return _engine_generate(on_text=on_text, **request)
+
+
+def _engine_generate(
+    *,
+    messages: list[dict[str, str]],
+    json_schema: dict[str, Any] | None,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    stop: list[str] | None,
+    cache_salt: str | None,
+    on_text: Callable[[str], None] | None,
+) -> Completion:
+    from inference.engine import SamplingParams
+
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -81,7 +133,13 @@ def completion_generate(
             json_schema=json_schema,
             cache_salt=cache_salt,
         )
-        (output,) = engine_get().generate([messages], params)
+        if on_text is None:
+            (output,) = engine_get().generate([messages], params)
+        else:
+            for delta in engine_get().generate_stream(messages, params):
+                if delta.text:
+                    on_text(delta.text)
+                output = delta.output
     except ValueError as exc:
         raise CompletionInputError(str(exc)) from exc
     metrics = dataclasses.asdict(output.metrics)

@@ -4,6 +4,8 @@ node whose queue it was sent to (the web's /v1/chat/completions waits for its re
 At most once: the message is acknowledged when a worker takes it (acks_late off), because a
 completion redelivered after a worker died would come back long after its HTTP client gave up.
 Bad input is an answer, not a failure: it comes back as {"error": ...} for the web to send as 400.
+With a stream key, the text also goes to that Redis stream as it is decoded
+(inference/completion_streams.py), ending with the same result or the error.
 """
 
 from __future__ import annotations
@@ -13,43 +15,40 @@ from typing import Any
 
 from celery import shared_task
 
+from inference.completion_streams import StreamPublisher
 from inference.errors import CompletionInputError
-from inference.runtime import engine_get
-from inference.services import completion_generate
+from inference.services import Completion, completion_generate
 
 logger = logging.getLogger(__name__)
 
 
-def _text_pieces(token_ids: list[int], text: str) -> list[str]:
-    """The text each output token adds, for streaming; one piece if they do not add up to `text`
-    (a stop string cut the text mid-token)."""
-    tokenizer = engine_get().tokenizer
-    pieces, previous = [], ""
-    for end in range(1, len(token_ids) + 1):
-        decoded = tokenizer.decode(token_ids[:end])
-        if decoded.startswith(previous) and not decoded.endswith("\ufffd"):
-            pieces.append(decoded[len(previous) :])
-            previous = decoded
-    if previous != text:
-        return [text] if text else []
-    return [p for p in pieces if p]
-
-
-@shared_task(name="inference.chat_completion", acks_late=False)
-def chat_completion(request: dict[str, Any], with_pieces: bool = False) -> dict[str, Any]:
-    """`request`: completion_generate's keyword arguments (plain JSON). Returns the completion
-    as a dict, with `pieces` (text per token) when asked for, or {"error": why}."""
-    try:
-        completion = completion_generate(**request)
-    except CompletionInputError as exc:
-        return {"error": str(exc)}
-    result = {
+def _result(completion: Completion) -> dict[str, Any]:
+    return {
         "text": completion.text,
         "token_ids": completion.token_ids,
         "finish_reason": completion.finish_reason,
         "num_prompt_tokens": completion.num_prompt_tokens,
         "metrics": completion.metrics,
     }
-    if with_pieces:
-        result["pieces"] = _text_pieces(completion.token_ids, completion.text)
-    return result
+
+
+@shared_task(name="inference.chat_completion", acks_late=False)
+def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> dict[str, Any]:
+    """`request`: completion_generate's keyword arguments (plain JSON). Returns the completion
+    as a dict, or {"error": why}; with `stream_key`, streams it there as well."""
+    if stream_key is None:
+        try:
+            return _result(completion_generate(**request))
+        except CompletionInputError as exc:
+            return {"error": str(exc)}
+    with StreamPublisher(stream_key) as stream:
+        try:
+            result = _result(completion_generate(**request, on_text=stream.delta))
+        except CompletionInputError as exc:
+            stream.error(f"the engine refused the request: {exc}", status=400)
+            return {"error": str(exc)}
+        except Exception as exc:
+            stream.error(f"the node failed the completion: {type(exc).__name__}: {exc}", status=500)
+            raise
+        stream.done(result)
+        return result

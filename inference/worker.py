@@ -1,7 +1,9 @@
-"""A node worker's lifecycle: load the engine when the worker starts, stop it when it stops.
+"""A node worker's lifecycle: load the engine when the worker starts, publish its live stats
+while it runs (inference/engine_stats.py), stop both when it stops.
 
 Connected in InferenceConfig.ready(); the signals fire only inside `celery worker` processes.
-The warm-up runs before the worker logs "ready.", so a ready worker can serve at once.
+The warm-up runs before the worker logs "ready.", so a ready worker can serve at once. With an
+external OpenAI-compatible server configured, the worker loads no engine at all.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from celery.exceptions import WorkerShutdown
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
+from inference.engine_stats import StatsPublisher
+from inference.remote import remote_is_configured
 from inference.runtime import engine_get, engine_shutdown
 
 logger = logging.getLogger(__name__)
+
+_publishers: list[StatsPublisher] = []
 
 
 def _pool_forks(consumer: object) -> bool:
@@ -23,6 +29,13 @@ def _pool_forks(consumer: object) -> bool:
 
 
 def engine_warm_up(sender: object = None, **_: object) -> None:
+    if remote_is_configured():
+        logger.info(
+            "completions go to %s (model %s); this worker loads no engine",
+            settings.INFERENCE_OPENAI["base_url"],
+            settings.INFERENCE_OPENAI["model"],
+        )
+        return
     if not settings.INFERENCE_ENGINE_WARMUP:
         return
     if _pool_forks(sender):
@@ -39,10 +52,23 @@ def engine_warm_up(sender: object = None, **_: object) -> None:
         raise WorkerShutdown(f"engine failed to load: {exc}") from exc
 
 
+def stats_publish_start(sender: object = None, **_: object) -> None:
+    """Publish the engine's stats under the worker's name (e.g. spark-a@gpu1) once it is loaded."""
+    if remote_is_configured():
+        return
+    name = getattr(sender, "hostname", None) or "worker"
+    _publishers.append(StatsPublisher(name).start())
+
+
 def engine_stop(**_: object) -> None:
+    while _publishers:
+        _publishers.pop().stop()
     engine_shutdown()
 
 
 def worker_signals_connect() -> None:
     worker_ready.connect(engine_warm_up, weak=False, dispatch_uid="inference.engine_warm_up")
+    worker_ready.connect(
+        stats_publish_start, weak=False, dispatch_uid="inference.stats_publish_start"
+    )
     worker_shutdown.connect(engine_stop, weak=False, dispatch_uid="inference.engine_stop")

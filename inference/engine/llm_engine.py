@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from inference.engine.config import EngineConfig
+from inference.engine.detokenizer import IncrementalDetokenizer, stop_cut
 from inference.engine.kv_cache_manager import KVCacheManager
 from inference.engine.metrics import EngineStats, RequestMetrics
 from inference.engine.model_runner import ModelRunner, layer_types_of
@@ -39,6 +42,15 @@ class RequestOutput:
     text: str
     finish_reason: str
     metrics: RequestMetrics
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """What a streamed request added since the last delta; `output` is set on the last one."""
+
+    text: str  # safe to show: no half character, no part of a stop string
+    token_ids: list[int] = field(default_factory=list)
+    output: RequestOutput | None = None
 
 
 class LLMEngine:
@@ -97,13 +109,45 @@ class LLMEngine:
         params = params or SamplingParams()
         batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
         requests = [self._make_request(prompt, params) for prompt in batch]
+        futures = self._submit(requests)
+        return [future.result() for future in futures]
+
+    def generate_stream(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> Iterator[StreamDelta]:
+        """Run one prompt, yielding its text as tokens are sampled (blocking, in the caller's
+        thread; thread-safe like `generate`). The deltas add up to the final text, which the
+        last delta's `output` carries. The request is batched with everything else in flight.
+        Leaving the loop early does not stop the request: it runs to its end unread."""
+        params = params or SamplingParams()
+        request = self._make_request(prompt, params)
+        sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        request.on_token = sampled.put
+        (future,) = self._submit([request])
+        # Runs after the last on_token on the loop thread (or at once if already done).
+        future.add_done_callback(lambda _: sampled.put(None))
+        detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop_list)
+        while (token := sampled.get()) is not None:
+            token_ids = [token]
+            while not sampled.empty():  # take what piled up, decode once
+                if (more := sampled.get()) is None:
+                    sampled.put(None)
+                    break
+                token_ids.append(more)
+            text = detokenizer.add(token_ids)
+            if text:
+                yield StreamDelta(text=text, token_ids=token_ids)
+        output = future.result()  # raises what failed the request
+        yield StreamDelta(text=detokenizer.finish(output.text), output=output)
+
+    def _submit(self, requests: list[Request]) -> list[Future]:
         futures = [Future() for _ in requests]
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("engine is shut down")
             self._inbox.extend(zip(requests, futures, strict=True))
             self._lock.notify()
-        return [future.result() for future in futures]
+        return futures
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -250,6 +294,8 @@ class LLMEngine:
             if token is None:
                 continue
             request.append_output_token(token, now)
+            if request.on_token is not None:
+                request.on_token(token)
             if request.grammar is not None:
                 request.grammar.accept(token)
             status = self._check_stop(request, token)
@@ -294,11 +340,9 @@ class LLMEngine:
         return None
 
     def _output(self, request: Request) -> RequestOutput:
-        text = self.tokenizer.decode(request.output_token_ids)
-        for stop in request.sampling_params.stop_list:
-            cut = text.find(stop)
-            if cut >= 0:
-                text = text[:cut]
+        text, _ = stop_cut(
+            self.tokenizer.decode(request.output_token_ids), request.sampling_params.stop_list
+        )
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,

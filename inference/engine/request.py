@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,8 @@ class Request:
     num_forced_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     output_text: str = ""
+    # Called on the engine's loop thread with each sampled token (streaming): must be quick.
+    on_token: Callable[[int], None] | None = None
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -180,6 +180,13 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
     if not isinstance(stream, bool):
         raise OpenAIError(f"stream must be true or false, got {stream!r}", param="stream")
     options = body.get("stream_options") or {}
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise OpenAIError(
+            "cache_salt must be a non-empty string (requests share cached prefixes only when "
+            "their salts are equal, as in vLLM)",
+            param="cache_salt",
+        )
     node = body.get("node")
     if node is not None and not isinstance(node, str):
         raise OpenAIError("node must be the name of an inference node", param="node")
@@ -196,6 +203,7 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
             "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
             "seed": seed,
             "stop": _stop(body.get("stop")),
+            "cache_salt": cache_salt,
         },
     )
 

@@ -1,11 +1,12 @@
 """`POST /v1/chat/completions` and `GET /v1/models`, served by the web process and executed on
 a node through Celery (`inference.chat_completion`, inference/tasks.py).
 
-The views are async so that waiting for a node never holds a server thread; the task's result
-is polled from the result backend. Streaming: the engine returns a completion whole (it has no
-per-token callback yet), so the stream sends the role at once, SSE keep-alive comments while
-the node works, then one chunk per output token and the usage — OpenAI's wire format, but the
-tokens arrive together when generation ends, not as they are sampled.
+The views are async so that waiting for a node never holds a server thread. A plain request
+polls the task's result from the result backend. A streamed one reads the Redis stream the
+worker writes as it decodes (inference/completion_streams.py): the role chunk at once, SSE
+keep-alive comments while the request waits or prefills, a chunk per piece of text as it is
+decoded, then the finish reason and the usage (with our `metrics` beside it). If the node never
+starts or its worker dies mid-way, the stream ends with an error event in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.completion_streams import StreamTimeout, completion_stream_key, stream_events
 from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
 from inference.openai_api.protocol import (
@@ -32,20 +34,21 @@ from inference.openai_api.protocol import (
     completion_id,
     usage,
 )
+from inference.services import completion_model
 
 POLL_S = 0.05
 KEEPALIVE_S = 5.0
 
 
 def _served_model() -> str:
-    return settings.INFERENCE_ENGINE["model"]
+    return completion_model()
 
 
 def _error(exc: OpenAIError) -> JsonResponse:
     return JsonResponse(exc.body(), status=exc.status)
 
 
-def _send(request: ChatRequest, *, with_pieces: bool) -> tuple[str, Any]:
+def _send(request: ChatRequest, *, stream_key: str | None) -> tuple[str, Any]:
     from inference.tasks import chat_completion
 
     try:
@@ -56,7 +59,7 @@ def _send(request: ChatRequest, *, with_pieces: bool) -> tuple[str, Any]:
     timeout_s = settings.OPENAI_API_TIMEOUT_S
     # expires: a node that comes up after the client gave up drops the request.
     result = chat_completion.apply_async(
-        args=[request.generate, with_pieces], queue=queue, expires=timeout_s
+        args=[request.generate, stream_key], queue=queue, expires=timeout_s
     )
     return node, result
 
@@ -101,32 +104,46 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _stream(request: ChatRequest, node: str, result: Any) -> AsyncIterator[str]:
-    id_, created, model = completion_id(), int(time.time()), request.model
+async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[str]:
+    created, model = int(time.time()), request.model
     yield _sse(
         chunk(id_=id_, model=model, created=created, delta={"role": "assistant", "content": ""})
     )
-    deadline = time.monotonic() + settings.OPENAI_API_TIMEOUT_S
     last_sent = time.monotonic()
+    answer: dict[str, Any] = {}
     try:
-        while (answer := await _wait(node, result, deadline=deadline)) is None:
-            if time.monotonic() - last_sent > KEEPALIVE_S:
+        async for event in stream_events(completion_stream_key(id_), node=node):
+            if event.kind == "delta":
+                delta = {"content": event.data["text"]}
+                yield _sse(chunk(id_=id_, model=model, created=created, delta=delta))
+                last_sent = time.monotonic()
+            elif event.kind == "idle" and time.monotonic() - last_sent > KEEPALIVE_S:
                 yield ": waiting for the node\n\n"  # an SSE comment: clients skip it
                 last_sent = time.monotonic()
-            await asyncio.sleep(POLL_S)
+            elif event.kind == "error":
+                status = int(event.data.get("status", 500))
+                type_ = "invalid_request_error" if status < 500 else "server_error"
+                raise OpenAIError(event.data["message"], status=status, type_=type_)
+            elif event.kind == "done":
+                answer = event.data
+    except StreamTimeout as exc:
+        type_ = "timeout" if exc.status == 504 else "server_error"
+        yield _sse(OpenAIError(str(exc), status=exc.status, type_=type_).body())
+        yield "data: [DONE]\n\n"
+        return
     except OpenAIError as exc:
         yield _sse(exc.body())
         yield "data: [DONE]\n\n"
         return
-    for piece in answer.get("pieces", [answer["text"]]):
-        yield _sse(chunk(id_=id_, model=model, created=created, delta={"content": piece}))
     yield _sse(
         chunk(
             id_=id_, model=model, created=created, delta={}, finish_reason=answer["finish_reason"]
         )
     )
     if request.include_usage:
-        yield _sse(chunk(id_=id_, model=model, created=created, usage_=usage(answer)))
+        final = chunk(id_=id_, model=model, created=created, usage_=usage(answer))
+        final["metrics"] = answer["metrics"]  # not OpenAI's: the engine's timings, as in plain
+        yield _sse(final)
     yield "data: [DONE]\n\n"
 
 
@@ -140,12 +157,14 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
         chat = chat_request_parse(body, served_model=_served_model())
+        id_ = completion_id()
+        stream_key = completion_stream_key(id_) if chat.stream else None
         node, result = await sync_to_async(_send, thread_sensitive=False)(
-            chat, with_pieces=chat.stream
+            chat, stream_key=stream_key
         )
         if chat.stream:
             response = StreamingHttpResponse(
-                _stream(chat, node, result), content_type="text/event-stream"
+                _stream(chat, node, id_), content_type="text/event-stream"
             )
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"
@@ -153,7 +172,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         answer = await _answer(node, result)
     except OpenAIError as exc:
         return _error(exc)
-    return JsonResponse(chat_completion_body(id_=completion_id(), model=chat.model, result=answer))
+    return JsonResponse(chat_completion_body(id_=id_, model=chat.model, result=answer))
 
 
 async def models(request: HttpRequest) -> HttpResponse:

@@ -3,8 +3,9 @@
 Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
-POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP, CF_ACCESS_* (Cloudflare Access,
-below). The launcher's own: pokosite/launcher.py.
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP, POKOMACHI_OPENAI_* (an external
+OpenAI-compatible server), POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare
+Access, below). The launcher's own: pokosite/launcher.py.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: must be a whole number") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be a number of seconds") from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -188,7 +199,25 @@ INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
 INFERENCE_METRICS_PREFIX = os.environ.get("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
 # How long /v1/chat/completions waits for its node to answer.
-OPENAI_API_TIMEOUT_S = float(os.environ.get("POKOMACHI_OPENAI_TIMEOUT", "600"))
+OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
+# A streamed completion's worker sends a heartbeat every 2 s; silent this long means it died.
+OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
+# Streamed completions' text travels from worker to web in Redis streams under this prefix.
+INFERENCE_STREAM_PREFIX = os.environ.get("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
+# Each worker publishes its engine's live stats (running, waiting, KV usage) this often.
+INFERENCE_STATS_INTERVAL_S = env_float("POKOMACHI_STATS_INTERVAL", 2.0)
+# An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
+# of our engine when base_url is set; the workers then load no model (inference/remote.py).
+INFERENCE_OPENAI = {
+    "base_url": os.environ.get("POKOMACHI_OPENAI_BASE_URL", "").strip(),
+    "model": os.environ.get("POKOMACHI_OPENAI_MODEL", "").strip(),
+    "api_key": os.environ.get("POKOMACHI_OPENAI_API_KEY", ""),
+}
+if INFERENCE_OPENAI["base_url"] and not INFERENCE_OPENAI["model"]:
+    raise ImproperlyConfigured(
+        "POKOMACHI_OPENAI_BASE_URL is set but POKOMACHI_OPENAI_MODEL is not: name the model the "
+        "server serves (its GET /v1/models lists them)"
+    )
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

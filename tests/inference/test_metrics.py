@@ -3,6 +3,7 @@ recorded directly, through a real worker's completions, and with Redis down."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -20,7 +21,8 @@ def metrics_prefix(settings, redis_url):
     prefix = f"test-metrics-{uuid.uuid4().hex[:10]}"
     settings.INFERENCE_METRICS_PREFIX = prefix
     yield prefix
-    redis.Redis.from_url(redis_url).delete(f"{prefix}:series")
+    client = redis.Redis.from_url(redis_url)
+    client.delete(f"{prefix}:series", *client.keys(f"{prefix}:engine:*"))
 
 
 def _scrape() -> dict[str, dict[tuple, float]]:
@@ -55,7 +57,10 @@ def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
     metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")
     metrics_record(
         model=MODEL,
-        metrics=_request(e2e_s=12.0, num_cached_tokens=0, lost_tokens={"eviction": 48}),
+        # Both spellings of lost tokens: a `lost_tokens` dict and RequestMetrics-style fields.
+        metrics=_request(
+            e2e_s=12.0, num_cached_tokens=0, lost_tokens={"eviction": 48}, num_lost_to_cold=16
+        ),
         finish_reason="length",
     )
     s = _scrape()
@@ -69,6 +74,7 @@ def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
     assert success[(("finished_reason", "stop"), *model)] == 1
     assert success[(("finished_reason", "length"), *model)] == 1
     assert s["pokomachi:lost_prompt_tokens_total"][(*model, ("reason", "eviction"))] == 48
+    assert s["pokomachi:lost_prompt_tokens_total"][(*model, ("reason", "cold"))] == 16
     e2e = s["vllm:e2e_request_latency_seconds_bucket"]
     assert e2e[(("le", "2.5"), *model)] == 1 and e2e[(("le", "15.0"), *model)] == 2
     assert e2e[(("le", "+Inf"), *model)] == 2
@@ -116,3 +122,62 @@ def test_completions_on_a_worker_show_up_in_the_web_process(celery_worker_proces
     assert s["vllm:prefix_cache_hits_total"][model] == result["metrics"]["num_cached_tokens"] > 0
     assert s["vllm:e2e_request_latency_seconds_count"][model] == 2
     assert sum(s["vllm:request_success_total"].values()) == 2
+
+
+def _engine_series(name: str, engine: str) -> float | None:
+    values = _scrape().get(name, {})
+    return values.get((("engine", engine), ("model_name", MODEL)))
+
+
+def _wait_for(condition, timeout_s: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_live_gauges_follow_a_workers_engine(celery_worker_process, metrics_prefix):
+    from inference.tasks import chat_completion
+
+    worker = celery_worker_process(
+        env={"POKOMACHI_METRICS_PREFIX": metrics_prefix, "POKOMACHI_STATS_INTERVAL": "0.2"}
+    )
+    running, usage = "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
+    _wait_for(lambda: _engine_series(running, worker.hostname) == 0, what="an idle snapshot")
+    assert _engine_series("vllm:num_requests_waiting", worker.hostname) == 0
+    assert _engine_series(usage, worker.hostname) == 0
+    request = {
+        "messages": [{"role": "user", "content": "Tell me everything about the town."}],
+        "json_schema": None,
+        "max_tokens": 2000,
+        "temperature": 0.0,
+    }
+    result = chat_completion.apply_async(args=[request], queue=worker.queue)
+    # While it decodes, the web process sees one running request holding KV blocks...
+    _wait_for(lambda: _engine_series(running, worker.hostname) == 1, what="a running request")
+    assert 0 < _engine_series(usage, worker.hostname) <= 1
+    assert result.get(timeout=300)["metrics"]["num_output_tokens"] > 100
+    # ...and none once it finished.
+    _wait_for(lambda: _engine_series(running, worker.hostname) == 0, what="the request's end")
+    assert _engine_series("pokomachi:engine_steps_total", worker.hostname) > 100
+    # A worker that dies stops publishing; its series goes away with the snapshot's TTL.
+    worker.kill()
+    _wait_for(
+        lambda: _engine_series(running, worker.hostname) is None, 10, "the dead worker to drop"
+    )
+
+
+def test_engine_lost_token_fields_become_counters_when_the_engine_has_them(
+    metrics_prefix, redis_url
+):
+    # EngineStats has no num_lost_to_* fields on this branch yet; a snapshot that carries them
+    # (as a worker's will once it does) is rendered per reason.
+    client = redis.Redis.from_url(redis_url)
+    snapshot = {"num_running": 2, "model_name": MODEL, "num_lost_to_retention_grid": 1024}
+    client.hset(f"{metrics_prefix}:engine:spark-a@gpu1", mapping=snapshot)
+    client.expire(f"{metrics_prefix}:engine:spark-a@gpu1", 60)
+    s = _scrape()
+    labels = (("engine", "spark-a@gpu1"), ("model_name", MODEL))
+    assert s["vllm:num_requests_running"][labels] == 2
+    lost = s["pokomachi:engine_lost_prompt_tokens_total"]
+    assert lost[(*labels, ("reason", "retention_grid"))] == 1024

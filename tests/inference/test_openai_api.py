@@ -5,21 +5,15 @@ error answer in OpenAI's shape through Django's test client."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import jsonschema
 import pytest
-from django.test import Client
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient, Client
 
 from inference.openai_api.protocol import OpenAIError, chat_request_parse
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-tiny-random"  # what pokosite.settings.test serves
 LONG_QUESTION = (
     "Pokomachi is a small town with a kissaten, a bakery famous for melon pan, a bookshop with a "
@@ -35,50 +29,6 @@ PLACE_SCHEMA = {
     "required": ["place", "minutes"],
     "additionalProperties": False,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def openai_server(celery_worker_process, redis_url):
-    """(base URL, worker): daphne serving pokosite on a free port, its one node a real worker."""
-    from django.db import connection
-
-    worker = celery_worker_process()
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "pokosite.settings.test",
-        "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-        "POKOMACHI_TEST_REDIS_URL": redis_url,
-        "POKOMACHI_NODES": worker.queue,
-        "POKOMACHI_METRICS_PREFIX": f"test-metrics-{uuid.uuid4().hex[:8]}",
-    }
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-            "pokosite.asgi:application"]  # fmt: skip
-    server = subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"daphne did not start: {server.stdout.read()[-4000:]}")
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/v1", worker
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
 
 
 def test_the_openai_client_plain_json_schema_streaming_and_cached_tokens(openai_server):
@@ -197,6 +147,31 @@ def test_a_node_without_a_worker_times_out_with_504(db, redis_url, settings):
     )
     assert response.status_code == 504
     assert f"no answer from node '{node}'" in response.json()["error"]["message"]
+
+
+def test_a_streamed_request_no_worker_takes_ends_with_an_error_event(db, redis_url, settings):
+    node = f"nobody-{uuid.uuid4().hex[:8]}"
+    settings.INFERENCE_NODES = [*settings.INFERENCE_NODES, node]
+    settings.OPENAI_API_TIMEOUT_S = 0.5
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "node": node}
+
+    async def post() -> tuple[int, list[str]]:
+        response = await AsyncClient().post(
+            "/v1/chat/completions", {**body, "stream": True}, content_type="application/json"
+        )
+        events = [part.decode() async for part in response.streaming_content]
+        return response.status_code, events
+
+    status, events = async_to_sync(post)()
+    assert status == 200 and response_is_sse(events)
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["delta"]["role"]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "timeout" and f"no answer from node '{node}'" in error["message"]
+    assert events[-1] == "data: [DONE]\n\n"
+
+
+def response_is_sse(events: list[str]) -> bool:
+    return all(e.startswith(("data: ", ": ")) and e.endswith("\n\n") for e in events)
 
 
 def test_request_parsing_maps_roles_parts_and_formats():

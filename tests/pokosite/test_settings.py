@@ -36,6 +36,7 @@ print(json.dumps({
     "channel_hosts": s.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"],
     "INFERENCE_NODES": s.INFERENCE_NODES,
     "INFERENCE_ENGINE": s.INFERENCE_ENGINE,
+    "INFERENCE_OPENAI": s.INFERENCE_OPENAI,
     "DEBUG": s.DEBUG,
 }))
 """
@@ -44,7 +45,8 @@ _ENV_NAMES = (
     "REDIS_URL", "DATABASE_URL", "POKOMACHI_NODES", "POKOMACHI_MODEL", "POKOMACHI_DEVICE",
     "POKOMACHI_VAR_DIR", "POKOMACHI_TEST_DB_NAME", "POKOMACHI_TEST_REDIS_URL",
     "POKOMACHI_SECRET_KEY", "POKOMACHI_ALLOWED_HOSTS", "POKOMACHI_VISIBILITY_TIMEOUT",
-    "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE",
+    "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE", "POKOMACHI_OPENAI_BASE_URL",
+    "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
 )  # fmt: skip
 
 
@@ -85,6 +87,7 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
     assert dumped["INFERENCE_NODES"] == ["local"]
     assert dumped["default_queue"] == "local"
     assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-135m-instruct", "device": "cpu"}
+    assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
 
 def test_base_reads_the_environment(tmp_path):
@@ -98,6 +101,8 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_DEVICE="cuda:1",
         POKOMACHI_VISIBILITY_TIMEOUT="60",
         POKOMACHI_DEBUG="off",
+        POKOMACHI_OPENAI_BASE_URL="http://gpu1:8000/v1",
+        POKOMACHI_OPENAI_MODEL="HuggingFaceTB/SmolLM2-135M-Instruct",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
@@ -107,6 +112,11 @@ def test_base_reads_the_environment(tmp_path):
     assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-tiny-random", "device": "cuda:1"}
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False
+    assert dumped["INFERENCE_OPENAI"] == {
+        "base_url": "http://gpu1:8000/v1",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "api_key": "",
+    }
 
 
 @pytest.mark.parametrize(
@@ -114,6 +124,8 @@ def test_base_reads_the_environment(tmp_path):
     [
         ("POKOMACHI_DEBUG", "maybe", "POKOMACHI_DEBUG='maybe': use one of"),
         ("POKOMACHI_VISIBILITY_TIMEOUT", "soon", "must be a whole number"),
+        ("POKOMACHI_STATS_INTERVAL", "often", "POKOMACHI_STATS_INTERVAL='often': must be a"),
+        ("POKOMACHI_OPENAI_BASE_URL", "http://gpu1:8000/v1", "POKOMACHI_OPENAI_MODEL is not"),
     ],
 )
 def test_base_rejects_bad_values_saying_which(tmp_path, name, value, message):

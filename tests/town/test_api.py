@@ -140,7 +140,15 @@ def test_bad_query_parameters_are_400_naming_the_parameter(api, db, url, field):
 
 @pytest.mark.parametrize(
     "url",
-    ["/api/towns/999999/", "/api/runs/999999/", "/api/decisions/999999/", "/api/runs/abc/"],
+    [
+        "/api/towns/999999/",
+        "/api/places/999999/",
+        "/api/residents/999999/",
+        "/api/runs/999999/",
+        "/api/ticks/999999/",
+        "/api/decisions/999999/",
+        "/api/runs/abc/",
+    ],
 )
 def test_unknown_ids_are_404(api, db, url):
     response = api.get(url)

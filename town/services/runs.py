@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from inference.errors import UnknownNodeError
 from inference.nodes import node_names, node_require
+from inference.services import completion_model
 from town import events
 from town.errors import RunStateError, TownError
 from town.models import Resident, ResidentState, Run, Town
@@ -21,8 +22,9 @@ S = Run.Status
 
 
 def served_model() -> str:
-    """The model this deployment's nodes serve (settings.INFERENCE_ENGINE, env POKOMACHI_MODEL)."""
-    return settings.INFERENCE_ENGINE["model"]
+    """The model this deployment's nodes serve (env POKOMACHI_MODEL, or POKOMACHI_OPENAI_MODEL
+    when an external OpenAI-compatible server answers)."""
+    return completion_model()
 
 
 def default_decision_timeout_s() -> float:
