@@ -294,8 +294,6 @@ class LLMEngine:
             if token is None:
                 continue
             request.append_output_token(token, now)
-            if request.on_token is not None:
-                request.on_token(token)
             if request.grammar is not None:
                 request.grammar.accept(token)
             status = self._check_stop(request, token)

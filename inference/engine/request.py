@@ -82,6 +82,8 @@ class Request:
         if self.first_token_time is None:
             self.first_token_time = now
         self.last_token_time = now
+        if self.on_token is not None:  # streaming: sampled and jump-forward tokens alike
+            self.on_token(token_id)
 
     def metrics(self) -> RequestMetrics:
         arrival = self.arrival_time

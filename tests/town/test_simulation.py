@@ -56,6 +56,10 @@ def test_two_ticks_of_the_demo_town(inline_send):
         assert d.metrics["num_prompt_tokens"] == d.num_prompt_tokens
         assert d.dispatched_at <= d.started_at <= d.computed_at <= d.applied_at
         assert d.attempts == 1 and d.retries == 0
+        # The engine's lost-token accounting is stored by reason (llama: nothing lost to
+        # retention; the head's partial last block is lost to alignment).
+        assert set(d.lost_tokens) == {"retention", "alignment", "eviction"}
+        assert d.lost_tokens["retention"] == 0
     # The shared head is prefilled once and then reused.
     assert sum(1 for d in decisions if d.num_cached_tokens >= 1000) >= 15
     summary = run_summary(run=run)

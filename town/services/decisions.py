@@ -77,12 +77,15 @@ def _decision_begin(*, decision_id: int, worker: str) -> Decision | None:
 
 
 def _lost_tokens(metrics: dict[str, Any]) -> dict[str, int]:
-    """The engine's lost-token counts by reason (keys `lost_<reason>` or a `lost_tokens` dict)."""
+    """The engine's lost-token counts by reason: its `num_lost_to_<reason>` fields (RequestMetrics),
+    and `lost_<reason>` keys or a `lost_tokens` dict from other servers."""
     lost: dict[str, int] = {}
     for key, value in metrics.items():
-        if not key.startswith("lost"):
+        if key.startswith("num_lost_to_") and isinstance(value, (int, float)):
+            lost[key.removeprefix("num_lost_to_")] = int(value)
+        elif not key.startswith("lost"):
             continue
-        if isinstance(value, dict):
+        elif isinstance(value, dict):
             lost.update({str(k): int(v) for k, v in value.items()})
         elif isinstance(value, (int, float)):
             lost[key.removeprefix("lost_").removeprefix("tokens_") or key] = int(value)

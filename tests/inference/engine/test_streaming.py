@@ -97,3 +97,19 @@ def test_generate_stream_with_a_stop_string_matches_generate(tiny_engine):
 def test_generate_stream_bad_input_is_a_value_error(tiny_engine):
     with pytest.raises(ValueError, match="prompt is empty"):
         next(tiny_engine.generate_stream([], SamplingParams()))
+
+
+def test_jump_forward_tokens_are_streamed_too(tiny_engine):
+    schema = {
+        "type": "object",
+        "properties": {"action": {"enum": ["go", "stay"]}, "reason": {"type": "string"}},
+        "required": ["action", "reason"],
+        "additionalProperties": False,
+    }
+    prompt = [{"role": "user", "content": "Where do you go?"}]
+    params = _salted(max_tokens=30, json_schema=schema)
+    deltas = list(tiny_engine.generate_stream(prompt, params))
+    output = deltas[-1].output
+    assert output.metrics.num_forced_tokens > 0
+    assert "".join(d.text for d in deltas) == output.text
+    assert output.text.startswith('{"action":"')
