@@ -1,6 +1,10 @@
 """ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
 
-It owns the model and the KV cache tensors; the scheduler owns which slots are whose.
+It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
+cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
+head_dim), so copies of slots (copy-on-write, window checkpoints) take one call for all layers.
+On the kernel path (triton: CUDA, or CPU under the interpreter) it builds block tables and
+lengths instead of the torch path's spans, and replays decode steps from CUDA graphs.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
+from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.sampler import sample
@@ -23,18 +28,33 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         structured: StructuredOutputManager,
+        *,
+        dtype: torch.dtype = torch.float32,
+        use_kernels: bool = False,
+        cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
+        max_num_seqs: int = 1,
     ) -> None:
-        self.model = loaded.model
+        self.model = loaded.model.to(dtype)
         self.device = device
         self.block_size = block_size
         self.structured = structured
+        self.use_kernels = use_kernels
+        if use_kernels:
+            from inference.engine.kernels._common import check_device
+
+            check_device(device)  # on CPU: refuses unless the interpreter is on
         cfg = loaded.config
         num_slots = num_blocks * block_size
-        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-            for _ in range(cfg.num_layers)
-        ]
+        shape = (cfg.num_layers, 2, num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.graphs = None
+        if use_kernels and device.type == "cuda" and cuda_graph_max_len:
+            from inference.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_caches, block_size, cuda_graph_max_len, max_num_seqs, device
+            )
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
@@ -44,7 +64,8 @@ class ModelRunner:
         spans = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
-        shared = self._plan_shared_prefix(output)
+        kernel_spans: list[ScheduledSpan] = []
+        shared = None if self.use_kernels else self._plan_shared_prefix(output)
         for index, scheduled in enumerate(output.scheduled):
             request = scheduled.request
             start = request.num_computed_tokens
@@ -54,6 +75,14 @@ class ModelRunner:
             input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
+            if end == request.num_tokens:
+                sampling.append(request)
+                logits_rows.append(len(input_ids) - 1)
+            if self.use_kernels:
+                kernel_spans.append(
+                    ScheduledSpan(query_start, end - start, start, scheduled.block_ids)
+                )
+                continue
             skip = shared[1] if shared and index in shared[0].span_indices else 0
             spans.append(
                 plan_span(
@@ -66,22 +95,25 @@ class ModelRunner:
                     skip_blocks=skip,
                 )
             )
-            if end == request.num_tokens:
-                sampling.append(request)
-                logits_rows.append(len(input_ids) - 1)
 
-        meta = AttentionMetadata(
-            torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
-        )
-        logits = self.model(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            self.kv_caches,
-            meta,
-            torch.tensor(logits_rows, dtype=torch.long, device=self.device),
-        )
+        if self.graphs is not None and self.graphs.can_run(kernel_spans, len(sampling)):
+            logits = self.graphs.run(input_ids, positions, slot_mapping, kernel_spans)
+        else:
+            meta = AttentionMetadata(
+                torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
+            )
+            if self.use_kernels:
+                meta.kernel = build_kernel_metadata(kernel_spans, self.block_size, self.device)
+            logits = self.model(
+                torch.tensor(input_ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                self.kv_caches,
+                meta,
+                torch.tensor(logits_rows, dtype=torch.long, device=self.device),
+            )
         if not sampling:
             return {}
+        logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
         self.structured.apply(logits, [r.grammar for r in sampling])
         tokens = sample(
             logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
