@@ -30,6 +30,8 @@ from inference.engine.kernels.reference import paged_attention_reference
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64  # keys per tile
+# "No window" is a window longer than any sequence: the kernels then need no branch on it.
+NO_WINDOW = 1 << 30
 MAX_HEAD_DIM = 256
 
 
@@ -48,9 +50,7 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = 0
-    if window > 0:
-        start = tl.maximum(seq_len - window, 0)
+    start = tl.maximum(seq_len - window, 0)  # first visible key
     part_start = start + part * PARTITION
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -110,9 +110,7 @@ def _merge_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_keys = seq_len
-    if window > 0:
-        num_keys = tl.minimum(seq_len, window)
+    num_keys = tl.minimum(seq_len, window)
     used = tl.cdiv(num_keys, PARTITION)  # partitions this sequence wrote
     row = tl.load(query_rows_ptr + seq).to(tl.int64)
     p = tl.arange(0, BLOCK_P)
@@ -178,7 +176,7 @@ def decode_attention(
         part_out = part_lse = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_parts)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, query_rows,
-        scale * LOG2E, window or 0, num_parts,
+        scale * LOG2E, window or NO_WINDOW, num_parts,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
@@ -189,7 +187,7 @@ def decode_attention(
     )  # fmt: skip
     if split:
         _merge_kernel[(num_seqs, num_heads)](
-            out, part_out, part_lse, seq_lens, query_rows, window or 0, num_parts,
+            out, part_out, part_lse, seq_lens, query_rows, window or NO_WINDOW, num_parts,
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, PARTITION=partition_size,
             BLOCK_P=next_pow2(num_parts), BLOCK_D=next_pow2(head_dim), num_warps=4,
@@ -220,8 +218,8 @@ def check_attention_inputs(
         raise ValueError(
             f"block_size must be a power of two dividing num_slots ({num_slots}), got {block_size}"
         )
-    if window is not None and window < 1:
-        raise ValueError(f"window must be None or ≥ 1, got {window}")
+    if window is not None and not 1 <= window < NO_WINDOW:
+        raise ValueError(f"window must be None or in [1, {NO_WINDOW}), got {window}")
     return num_seqs, num_heads, num_kv_heads, head_dim
 
 

@@ -23,7 +23,7 @@ from inference.engine.kernels._common import (
     next_pow2,
     upcast_dot,
 )
-from inference.engine.kernels.decode_attention import LOG2E, check_attention_inputs
+from inference.engine.kernels.decode_attention import LOG2E, NO_WINDOW, check_attention_inputs
 from inference.engine.kernels.reference import paged_attention_reference
 
 BLOCK_M = 64  # query rows (tokens × group heads) per tile
@@ -62,9 +62,7 @@ def _prefill_kernel(
 
     first_pos = seq_len - query_len + q_tile * BLOCK_Q
     key_end = tl.minimum(first_pos + BLOCK_Q, seq_len)  # one past the tile's last query
-    key_start = 0
-    if window > 0:
-        key_start = tl.maximum(first_pos - window + 1, 0)
+    key_start = tl.maximum(first_pos - window + 1, 0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -82,8 +80,7 @@ def _prefill_kernel(
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N)
         visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-        if window > 0:
-            visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         # A row may see no key in a tile (causal or window): keep its max finite for exp2.
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -135,7 +132,7 @@ def prefill_attention(
     block_q = block_m // group
     _prefill_kernel[(num_seqs, num_kv_heads, -(-max_query_len // block_q))](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_starts, query_lens,
-        scale * LOG2E, window or 0,
+        scale * LOG2E, window or NO_WINDOW,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
