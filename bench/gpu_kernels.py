@@ -65,7 +65,9 @@ def _checked(name, shape, run, reference, ms_of, bytes_moved, flops=None) -> Ker
     return KernelTiming(name, shape, ms_of(run), bytes_moved, flops, error, ok)
 
 
-def decode_case(name, num_seqs, context, heads, kv_heads, head_dim, window, device, gen):
+def decode_case(
+    name, num_seqs, context, heads, kv_heads, head_dim, window, device, gen, partition=512
+):
     seq_lens = [context - random.Random(s).randrange(0, 64) for s in range(num_seqs)]
     k, v, tables = _paged_cache(seq_lens, kv_heads, head_dim, device, gen)
     q = torch.randn(num_seqs, heads, head_dim, generator=gen).to(device, torch.bfloat16)
@@ -78,7 +80,9 @@ def decode_case(name, num_seqs, context, heads, kv_heads, head_dim, window, devi
     moved = 2 * keys * kv_heads * head_dim * elem + 2 * q.numel() * elem
     return _checked(
         name, f"{num_seqs}×{context} ctx, H{heads}/KV{kv_heads}/D{head_dim}, w={window}",
-        lambda: decode_attention(*args, max_seq_len=max(seq_lens), window=window),
+        lambda: decode_attention(
+            *args, max_seq_len=max(seq_lens), window=window, partition_size=partition
+        ),
         lambda: decode_attention_reference(*args, window=window),
         _median_ms, moved, 4.0 * keys * heads * head_dim,
     )  # fmt: skip
@@ -161,4 +165,9 @@ def run_kernel_benchmarks(device: torch.device, quick: bool) -> list[KernelTimin
         prefill_case("prefill (window)", 4, 1024, 1024, 4, 1, 256, 512, device, gen),
         store_kv_case(8192, 3, 64, device, gen),
     ]  # fmt: skip
+    if not quick:  # the split-K partition size, for tuning the launcher's default (512)
+        results += [
+            decode_case(f"decode (partition {p})", 64, context, 9, 3, 64, None, device, gen, p)
+            for p in (256, 1024)
+        ]
     return results + copy_slots_cases(30, 3, 64, device, gen)

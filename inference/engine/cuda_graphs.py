@@ -23,6 +23,15 @@ logger = logging.getLogger(__name__)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """The captured sizes: every one up to the first that holds max_num_seqs (64 at most)."""
+    if max_num_seqs >= BATCH_SIZES[-1]:
+        return list(BATCH_SIZES)
+    return [s for s in BATCH_SIZES if s < max_num_seqs] + [
+        next(s for s in BATCH_SIZES if s >= max_num_seqs)
+    ]
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -35,9 +44,7 @@ class DecodeGraphs:
     ) -> None:
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
-        # Every size up to the first one that holds max_num_seqs (64 at most).
-        self.sizes = [s for s in BATCH_SIZES if s < max_num_seqs]
-        self.sizes.append(next((s for s in BATCH_SIZES if s >= max_num_seqs), BATCH_SIZES[-1]))
+        self.sizes = graph_batch_sizes(max_num_seqs)
         self.block_size = block_size
         self.max_len = max_len
         self.max_blocks = -(-max_len // block_size)
@@ -60,7 +67,7 @@ class DecodeGraphs:
             max_seq_len=self.max_blocks * self.block_size,
         )  # fmt: skip
         meta = AttentionMetadata(
-            self.slot_mapping[:size], [], None, KernelMetadata(self.block_size, decode, None)
+            self.slot_mapping[:size], [], kernel=KernelMetadata(self.block_size, decode, None)
         )
         return model(
             self.input_ids[:size], self.positions[:size], kv_caches, meta,

@@ -1,6 +1,7 @@
-"""The GPU path on a real GPU (marked gpu: skipped without CUDA; the same kernels are checked on
-CPU under the interpreter in kernels/). The engine with triton kernels and CUDA graphs must give
-the greedy tokens of the CPU torch path, and the graphs must actually be replayed."""
+"""The GPU path on a real GPU (tests marked gpu: skipped without CUDA; the same kernels are
+checked on CPU under the interpreter in kernels/). With triton kernels and CUDA graphs the
+engine must give the greedy tokens of the CPU torch path, and the graphs must be replayed.
+Which batch sizes get a graph is plain logic, checked everywhere."""
 
 import random
 import uuid
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.cuda_graphs import graph_batch_sizes
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu
 
 
 def _tokens(device: str, **overrides) -> tuple[list[list[int]], LLMEngine]:
@@ -32,6 +34,7 @@ def _tokens(device: str, **overrides) -> tuple[list[list[int]], LLMEngine]:
         engine.shutdown()
 
 
+@gpu
 def test_cuda_kernels_and_graphs_give_the_cpu_torch_paths_tokens():
     expected, _ = _tokens("cpu")
     # fp32 on the GPU so the comparison is exact: the kernels' fp32 dots are IEEE, not TF32.
@@ -43,7 +46,17 @@ def test_cuda_kernels_and_graphs_give_the_cpu_torch_paths_tokens():
     assert without_graphs == expected
 
 
+@gpu
 def test_bf16_engine_runs_and_its_kv_cache_is_bf16():
     tokens, engine = _tokens("cuda")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
     assert all(len(t) == 10 for t in tokens)
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "sizes"),
+    [(1, [1]), (5, [1, 2, 4, 8]), (8, [1, 2, 4, 8]), (64, [1, 2, 4, 8, 16, 32, 64]),
+     (200, [1, 2, 4, 8, 16, 32, 64])],
+)  # fmt: skip
+def test_graph_batch_sizes_cover_max_num_seqs_up_to_64(max_num_seqs, sizes):
+    assert graph_batch_sizes(max_num_seqs) == sizes
