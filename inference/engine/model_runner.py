@@ -120,6 +120,15 @@ class ModelRunner:
         )
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
 
+    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Copy KV slots in every layer's K and V at once: the copy-on-write of a partly filled
+        block, or a sliding-window checkpoint saved or restored (the kernel on CUDA)."""
+        from inference.engine.kernels.copy_slots import copy_slots
+
+        cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        copy_slots(cache, src, torch.tensor(dst_slots, dtype=torch.long, device=self.device))
+
     def _plan_shared_prefix(self, output: SchedulerOutput):
         """Leading cached blocks shared by the decoding requests of this step, if any."""
         decode_blocks, num_full = {}, {}
