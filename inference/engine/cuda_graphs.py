@@ -44,6 +44,7 @@ class DecodeGraphs:
     ) -> None:
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        torch.cuda.set_device(device)  # the capture stream and triton launch on the current one
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.block_size = block_size
         self.max_len = max_len
@@ -97,7 +98,12 @@ class DecodeGraphs:
         return (
             0 < len(spans) <= self.sizes[-1]
             and num_sampled == len(spans)
-            and all(s.query_len == 1 and s.num_computed < self.max_len for s in spans)
+            and all(
+                s.query_len == 1
+                and s.num_computed < self.max_len
+                and len(s.block_ids) <= self.max_blocks
+                for s in spans
+            )
         )
 
     def run(

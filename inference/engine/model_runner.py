@@ -58,6 +58,9 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
+        if self.device.type == "cuda":
+            # Per thread: triton launches on the current device, and this is the loop thread.
+            torch.cuda.set_device(self.device)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
