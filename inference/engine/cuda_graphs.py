@@ -33,18 +33,15 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
+    """Static inputs for padded decode steps, and the graphs that replay those steps.
+
+    `prepare` + `forward` run one padded step eagerly from the static inputs (what a graph
+    records; testable on CPU under the interpreter); `capture` records the graphs (CUDA only)
+    and `run` fills the inputs and replays."""
+
     def __init__(
-        self,
-        model: nn.Module,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        block_size: int,
-        max_len: int,
-        max_num_seqs: int,
-        device: torch.device,
+        self, block_size: int, max_len: int, max_num_seqs: int, device: torch.device
     ) -> None:
-        if device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
-        torch.cuda.set_device(device)  # the capture stream and triton launch on the current one
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.block_size = block_size
         self.max_len = max_len
@@ -60,9 +57,9 @@ class DecodeGraphs:
         self.logits_indices = torch.arange(n, dtype=torch.long, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self._capture(model, kv_caches)
 
-    def _step(self, model, kv_caches, size: int) -> torch.Tensor:
+    def forward(self, model: nn.Module, kv_caches, size: int) -> torch.Tensor:
+        """One decode step of `size` rows from the static inputs: (size, vocab) logits."""
         decode = DecodeBatch(
             self.rows[:size], self.block_tables[:size], self.seq_lens[:size],
             max_seq_len=self.max_blocks * self.block_size,
@@ -76,18 +73,23 @@ class DecodeGraphs:
         )  # fmt: skip
 
     @torch.inference_mode()
-    def _capture(self, model, kv_caches) -> None:
-        # All inputs are padding during capture (slot -1, length 0): the cache is not touched.
+    def capture(self, model: nn.Module, kv_caches) -> None:
+        device = self.input_ids.device
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        torch.cuda.set_device(device)  # the capture stream and triton launch on the current one
+        # The inputs are all padding until the first `prepare` (slot -1, length 0): warming up
+        # and capturing leave the cache untouched.
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm up: compiles the kernels outside the capture
-                self._step(model, kv_caches, size)
+                self.forward(model, kv_caches, size)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._step(model, kv_caches, size)
+                self.logits[size] = self.forward(model, kv_caches, size)
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()
@@ -96,26 +98,27 @@ class DecodeGraphs:
     def can_run(self, spans: list[ScheduledSpan], num_sampled: int) -> bool:
         """A pure decode step that fits a captured size, every sequence sampled."""
         return (
-            0 < len(spans) <= self.sizes[-1]
+            bool(self.graphs)
+            and 0 < len(spans) <= self.sizes[-1]
             and num_sampled == len(spans)
             and all(
-                s.query_len == 1
-                and s.num_computed < self.max_len
+                s.query_len == 1 and s.num_computed < self.max_len
                 and len(s.block_ids) <= self.max_blocks
                 for s in spans
             )
-        )
+        )  # fmt: skip
 
-    def run(
+    def prepare(
         self,
         input_ids: list[int],
         positions: list[int],
         slot_mapping: list[int],
         spans: list[ScheduledSpan],
-    ) -> torch.Tensor:
-        """Fill the static inputs (padding the rest), replay, return the (n, vocab) logits."""
+    ) -> int:
+        """Fill the static inputs for these decoding sequences, padding up to the smallest
+        captured size (slot -1, length 0); returns that size."""
         n = len(spans)
-        size = next(s for s in self.sizes if s >= n)
+        size = next(s for s in self.sizes if s >= max(n, 1))
         pad = size - n
         tables = torch.zeros(n, self.max_blocks, dtype=torch.int32)
         for row, span in enumerate(spans):
@@ -130,6 +133,17 @@ class DecodeGraphs:
         self.slot_mapping[:size].copy_(host[2])
         self.seq_lens[:size].copy_(host[3])
         self.block_tables[:n].copy_(tables)
+        return size
+
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slot_mapping: list[int],
+        spans: list[ScheduledSpan],
+    ) -> torch.Tensor:
+        """Fill the static inputs, replay the graph of that size: (n, vocab) logits."""
+        size = self.prepare(input_ids, positions, slot_mapping, spans)
         self.graphs[size].replay()
         self.num_replays += 1
-        return self.logits[size][:n]
+        return self.logits[size][: len(spans)]

@@ -52,9 +52,8 @@ class ModelRunner:
         if use_kernels and device.type == "cuda" and cuda_graph_max_len:
             from inference.engine.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(
-                self.model, self.kv_caches, block_size, cuda_graph_max_len, max_num_seqs, device
-            )
+            self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
+            self.graphs.capture(self.model, self.kv_caches)
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
