@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     device = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(device)} · torch {torch.version.__version__} · "
+    print(f"{torch.cuda.get_device_name(device)} · torch {torch.__version__} · "
           f"{'quick' if args.quick else 'full'} run")  # fmt: skip
     copy_gbs = copy_bandwidth_gb_per_s(device, args.quick)
     kernels = run_kernel_benchmarks(device, args.quick)
