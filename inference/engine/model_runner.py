@@ -49,7 +49,10 @@ class ModelRunner:
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.graphs = None
-        if use_kernels and device.type == "cuda" and cuda_graph_max_len:
+        # A graph records one set of block tables; sliding-window layers with their own window
+        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
+        is_hybrid = "sliding" in (getattr(cfg, "layer_types", None) or ())
+        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not is_hybrid:
             from inference.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)

@@ -38,17 +38,20 @@ MAX_HEAD_DIM = 256
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, seq_lens_ptr, query_rows_ptr,
+    block_tables_ptr, seq_lens_ptr, query_rows_ptr, first_blocks_ptr,
     scale_log2, window, num_parts,
     stride_qt, stride_qh, stride_cs, stride_ch, stride_ot, stride_oh, stride_bt,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     PARTITION: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_FIRST: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
+    first = 0  # the block index of block_tables[seq, 0]
+    if HAS_FIRST:
+        first = tl.load(first_blocks_ptr + seq)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = tl.maximum(seq_len - window, 0)  # first visible key
     part_start = start + part * PARTITION
@@ -73,8 +76,8 @@ def _decode_kernel(
     for tile in range(part_start, part_end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         pos_mask = pos < part_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=pos_mask)
-        slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        table = block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE - first
+        slot = tl.load(table, mask=pos_mask).to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
         kv_mask = pos_mask[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
@@ -142,15 +145,20 @@ def decode_attention(
     window: int | None = None,  # a query at p sees keys in (p - window, p]
     out: torch.Tensor | None = None,  # (T, n_heads, head_dim); rows not in query_rows untouched
     partition_size: int = 512,
+    # (B,): block_tables[b, 0] is the block of positions first_blocks[b] * block_size on (a
+    # sliding layer's table lists only the window's blocks); None: every table starts at 0.
+    first_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     device = q.device
     check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
-    check_tensor("query_rows", query_rows, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    check_same("query_rows", query_rows.shape[0], num_seqs, "length (one per block_tables row)")
-    if not 1 <= max_seq_len <= block_tables.shape[1] * block_size:
+    check_per_sequence(
+        ("query_rows", query_rows), ("first_blocks", first_blocks), n=num_seqs, device=device
+    )
+    capacity = block_tables.shape[1] * block_size if first_blocks is None else 1 << 30
+    if not 1 <= max_seq_len <= capacity:
         raise ValueError(
             f"max_seq_len ({max_seq_len}) must be in [1, max_blocks * block_size = "
             f"{block_tables.shape[1] * block_size}]"
@@ -176,11 +184,12 @@ def decode_attention(
         part_out = part_lse = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_parts)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, query_rows,
+        seq_lens if first_blocks is None else first_blocks,
         scale * LOG2E, window or NO_WINDOW, num_parts,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        PARTITION=partition_size, SPLIT=split,
+        PARTITION=partition_size, SPLIT=split, HAS_FIRST=first_blocks is not None,
         BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=block_n,
         UPCAST=upcast_dot(q.dtype, device), PRECISION=dot_precision(q.dtype),
         num_warps=4, num_stages=2,
@@ -223,11 +232,22 @@ def check_attention_inputs(
     return num_seqs, num_heads, num_kv_heads, head_dim
 
 
+def check_per_sequence(
+    *named: tuple[str, torch.Tensor | None], n: int, device: torch.device
+) -> None:
+    """1-D index tensors with one entry per sequence (None: an optional one left out)."""
+    for name, t in named:
+        if t is not None:
+            check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES, device=device)
+            check_same(name, t.shape[0], n, "length (one per block_tables row)")
+
+
 def decode_attention_reference(
-    q, k_cache, v_cache, block_tables, seq_lens, query_rows, block_size, scale, *, window=None
-) -> torch.Tensor:
+    q, k_cache, v_cache, block_tables, seq_lens, query_rows, block_size, scale, *, window=None,
+    first_blocks=None,
+) -> torch.Tensor:  # fmt: skip
     """Rows of q not named in query_rows come back as zeros."""
     return paged_attention_reference(
         q, k_cache, v_cache, block_tables, seq_lens, query_rows,
-        torch.ones_like(seq_lens), block_size, scale, window,
+        torch.ones_like(seq_lens), block_size, scale, window, first_blocks,
     )  # fmt: skip

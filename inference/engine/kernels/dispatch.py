@@ -24,12 +24,13 @@ def attend(
         d = meta.decode
         decode_attention(
             q, k_cache, v_cache, d.block_tables, d.seq_lens, d.query_rows, meta.block_size,
-            scale, max_seq_len=d.max_seq_len, window=window, out=out,
+            scale, max_seq_len=d.max_seq_len, window=window, out=out, first_blocks=d.first_blocks,
         )  # fmt: skip
     if meta.prefill is not None:
         p = meta.prefill
         prefill_attention(
             q, k_cache, v_cache, p.block_tables, p.seq_lens, p.query_starts, p.query_lens,
             meta.block_size, scale, max_query_len=p.max_query_len, window=window, out=out,
+            first_blocks=p.first_blocks,
         )  # fmt: skip
     return out

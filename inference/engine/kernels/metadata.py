@@ -19,6 +19,7 @@ class DecodeBatch:
     block_tables: torch.Tensor  # (B, max_blocks) int32
     seq_lens: torch.Tensor  # (B,) int32, the query token included; 0 = a padded row
     max_seq_len: int  # bound on seq_lens: sizes the grid (fixed for a CUDA graph)
+    first_blocks: torch.Tensor | None = None  # (B,) block index of each table's first entry
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class PrefillBatch:
     block_tables: torch.Tensor  # (B, max_blocks) int32
     seq_lens: torch.Tensor  # (B,) int32, this step's tokens included
     max_query_len: int
+    first_blocks: torch.Tensor | None = None  # (B,) block index of each table's first entry
 
 
 @dataclass(slots=True)
@@ -46,6 +48,9 @@ class ScheduledSpan:
     query_len: int
     num_computed: int  # tokens already in the cache before this step
     block_ids: list[int]
+    # block_ids[0] is the sequence's block number first_block: a sliding layer's table starts
+    # at its window (every key it reads is at or after first_block * block_size).
+    first_block: int = 0
 
 
 def build_kernel_metadata(
@@ -53,37 +58,45 @@ def build_kernel_metadata(
 ) -> KernelMetadata:
     decode = [s for s in spans if s.query_len == 1]
     prefill = [s for s in spans if s.query_len > 1]
-    # One host→device copy for every index tensor of the step.
-    host: list[list[int]] = []
-    if decode:
-        width = max(len(s.block_ids) for s in decode)
-        host += [[s.query_start for s in decode], [s.num_computed + 1 for s in decode]]
-        host += [s.block_ids + [0] * (width - len(s.block_ids)) for s in decode]
-    if prefill:
-        width_p = max(len(s.block_ids) for s in prefill)
-        host += [[s.query_start for s in prefill], [s.query_len for s in prefill]]
-        host += [[s.num_computed + s.query_len for s in prefill]]
-        host += [s.block_ids + [0] * (width_p - len(s.block_ids)) for s in prefill]
-    flat = torch.tensor([v for row in host for v in row], dtype=torch.int32).to(device)
-    cursor = 0
+    # Every index tensor of the step goes to the device in one copy, then is cut into views.
+    host: list[int] = []
+    layout: list[tuple[int, ...]] = []
 
-    def take(n: int, shape: tuple[int, ...]) -> torch.Tensor:
-        nonlocal cursor
-        view = flat[cursor : cursor + n].view(shape)
-        cursor += n
-        return view
+    def add(rows: list[list[int]]) -> None:
+        width = max(len(row) for row in rows)
+        for row in rows:
+            host.extend(row + [0] * (width - len(row)))
+        layout.append((len(rows), width))
+
+    for group in (decode, prefill):
+        if not group:
+            continue
+        add([[s.query_start for s in group]])
+        add([[s.query_len for s in group]])
+        add([[s.num_computed + s.query_len for s in group]])  # seq_lens
+        add([s.block_ids for s in group])
+        if any(s.first_block for s in group):
+            add([[s.first_block for s in group]])
+    flat = torch.tensor(host, dtype=torch.int32).to(device)
+    views, cursor = [], 0
+    for rows, width in layout:
+        views.append(flat[cursor : cursor + rows * width].view(rows, width))
+        cursor += rows * width
+    views.reverse()
+
+    def batch_views(group):
+        starts, lens, seq_lens, tables = (views.pop()[0], views.pop()[0], views.pop()[0],
+                                          views.pop())  # fmt: skip
+        firsts = views.pop()[0] if any(s.first_block for s in group) else None
+        return starts, lens, seq_lens, tables, firsts
 
     decode_batch = prefill_batch = None
     if decode:
-        n = len(decode)
-        rows, lens = take(n, (n,)), take(n, (n,))
-        decode_batch = DecodeBatch(
-            rows, take(n * width, (n, width)), lens, max(s.num_computed + 1 for s in decode)
-        )
+        rows, _, seq_lens, tables, firsts = batch_views(decode)
+        max_seq_len = max(s.num_computed + 1 for s in decode)
+        decode_batch = DecodeBatch(rows, tables, seq_lens, max_seq_len, firsts)
     if prefill:
-        n = len(prefill)
-        starts, qlens, lens = take(n, (n,)), take(n, (n,)), take(n, (n,))
-        prefill_batch = PrefillBatch(
-            starts, qlens, take(n * width_p, (n, width_p)), lens, max(s.query_len for s in prefill)
-        )
+        starts, lens, seq_lens, tables, firsts = batch_views(prefill)
+        max_query_len = max(s.query_len for s in prefill)
+        prefill_batch = PrefillBatch(starts, lens, tables, seq_lens, max_query_len, firsts)
     return KernelMetadata(block_size, decode_batch, prefill_batch, window)

@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from inference.engine.kernels._common import (
-    INDEX_DTYPES,
     check_device,
     check_same,
     check_tensor,
@@ -23,7 +22,12 @@ from inference.engine.kernels._common import (
     next_pow2,
     upcast_dot,
 )
-from inference.engine.kernels.decode_attention import LOG2E, NO_WINDOW, check_attention_inputs
+from inference.engine.kernels.decode_attention import (
+    LOG2E,
+    NO_WINDOW,
+    check_attention_inputs,
+    check_per_sequence,
+)
 from inference.engine.kernels.reference import paged_attention_reference
 
 BLOCK_M = 64  # query rows (tokens × group heads) per tile
@@ -33,16 +37,19 @@ BLOCK_N = 64  # keys per tile
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, seq_lens_ptr, query_starts_ptr, query_lens_ptr,
+    block_tables_ptr, seq_lens_ptr, query_starts_ptr, query_lens_ptr, first_blocks_ptr,
     scale_log2, window,
     stride_qt, stride_qh, stride_cs, stride_ch, stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_FIRST: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2)
+    first = 0  # the block index of block_tables[seq, 0]
+    if HAS_FIRST:
+        first = tl.load(first_blocks_ptr + seq)
     query_len = tl.load(query_lens_ptr + seq)
     if q_tile * BLOCK_Q >= query_len:
         return
@@ -69,8 +76,8 @@ def _prefill_kernel(
     for tile in range(key_start, key_end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         pos_mask = pos < key_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=pos_mask)
-        slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        table = block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE - first
+        slot = tl.load(table, mask=pos_mask).to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
         kv_mask = pos_mask[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
@@ -109,15 +116,17 @@ def prefill_attention(
     max_query_len: int,  # an upper bound on query_lens: it sizes the grid
     window: int | None = None,  # a query at p sees keys in (p - window, p]
     out: torch.Tensor | None = None,  # rows of other sequences are left untouched
+    first_blocks: torch.Tensor | None = None,  # as in decode_attention
 ) -> torch.Tensor:
     device = q.device
     check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
-    for name, t in (("query_starts", query_starts), ("query_lens", query_lens)):
-        check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES, device=device)
-        check_same(name, t.shape[0], num_seqs, "length (one per block_tables row)")
+    check_per_sequence(
+        ("query_starts", query_starts), ("query_lens", query_lens),
+        ("first_blocks", first_blocks), n=num_seqs, device=device,
+    )  # fmt: skip
     if max_query_len < 1:
         raise ValueError(f"max_query_len must be ≥ 1, got {max_query_len}")
     if out is None:
@@ -132,11 +141,12 @@ def prefill_attention(
     block_q = block_m // group
     _prefill_kernel[(num_seqs, num_kv_heads, -(-max_query_len // block_q))](
         q, k_cache, v_cache, out, block_tables, seq_lens, query_starts, query_lens,
-        scale * LOG2E, window or NO_WINDOW,
+        seq_lens if first_blocks is None else first_blocks, scale * LOG2E, window or NO_WINDOW,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=BLOCK_N,
+        HAS_FIRST=first_blocks is not None,
         UPCAST=upcast_dot(q.dtype, device), PRECISION=dot_precision(q.dtype),
         num_warps=4, num_stages=2,
     )  # fmt: skip
@@ -145,9 +155,9 @@ def prefill_attention(
 
 def prefill_attention_reference(
     q, k_cache, v_cache, block_tables, seq_lens, query_starts, query_lens, block_size, scale,
-    *, window=None,
+    *, window=None, first_blocks=None,
 ) -> torch.Tensor:  # fmt: skip
     return paged_attention_reference(
         q, k_cache, v_cache, block_tables, seq_lens, query_starts, query_lens, block_size,
-        scale, window,
+        scale, window, first_blocks,
     )  # fmt: skip

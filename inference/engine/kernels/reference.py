@@ -19,18 +19,22 @@ def paged_attention_reference(
     block_size: int,
     scale: float,
     window: int | None = None,  # a query at p sees keys in (p - window, p]
+    first_blocks: torch.Tensor | None = None,  # (B,) block index of each table's first entry
 ) -> torch.Tensor:
     out = torch.zeros_like(q)
     for b in range(block_tables.shape[0]):
         seq_len, q_start, q_len = int(seq_lens[b]), int(query_starts[b]), int(query_lens[b])
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len, device=q.device)
-        slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
+        first = 0 if first_blocks is None else int(first_blocks[b])
+        # Only the positions the table lists (from its first block on) exist in the cache.
+        pos = torch.arange(first * block_size, seq_len, device=q.device)
+        table = block_tables[b].long()
+        slots = table[pos // block_size - first] * block_size + pos % block_size
         k_ctx = k_cache[slots].float().transpose(0, 1).unsqueeze(0)  # (1, KVH, n, D)
         v_ctx = v_cache[slots].float().transpose(0, 1).unsqueeze(0)
         qs = q[q_start : q_start + q_len].float().transpose(0, 1).unsqueeze(0)  # (1, H, q_len, D)
-        q_pos = pos[seq_len - q_len :, None]
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         keep = pos[None, :] <= q_pos  # (q_len, n)
         if window is not None:
             keep &= pos[None, :] > q_pos - window

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 INDEX_POINTERS = ("block_tables_ptr", "seq_lens_ptr", "query_rows_ptr", "query_starts_ptr",
-                  "query_lens_ptr", "slot_mapping_ptr", "src_ptr", "dst_ptr")  # fmt: skip
+                  "query_lens_ptr", "slot_mapping_ptr", "src_ptr", "dst_ptr",
+                  "first_blocks_ptr")  # fmt: skip
 DATA_POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_ptr", "cache_ptr")
 # (n_heads, n_kv_heads, head_dim): SmolLM2-135M and Gemma 3 270M
 MODELS = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}
@@ -55,17 +56,22 @@ def test_attention_kernels_compile_for_sm90(model, dtype):
     group = heads // kv_heads
     common = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_D=head_dim, BLOCK_N=64,
                   UPCAST=False, PRECISION="tf32")  # fmt: skip
+    # Window tables (first_blocks) on the sliding-window model, whole tables on the other.
+    has_first = model == "gemma3"
     for split in (True, False):
-        decode = dict(common, NUM_HEADS=heads, PARTITION=512, SPLIT=split, BLOCK_G=16)
+        decode = dict(common, NUM_HEADS=heads, PARTITION=512, SPLIT=split, BLOCK_G=16,
+                      HAS_FIRST=has_first)  # fmt: skip
         assert _compile(_decode_kernel, dtype, decode)
     merge = dict(NUM_HEADS=heads, HEAD_DIM=head_dim, PARTITION=512, BLOCK_P=8, BLOCK_D=head_dim)
     assert _compile(_merge_kernel, dtype, merge)
-    assert _compile(_prefill_kernel, dtype, dict(common, BLOCK_M=64, BLOCK_Q=64 // group))
+    prefill = dict(common, BLOCK_M=64, BLOCK_Q=64 // group, HAS_FIRST=has_first)
+    assert _compile(_prefill_kernel, dtype, prefill)
 
 
 def test_fp32_decode_and_the_copy_kernels_compile_for_sm90():
     decode = dict(NUM_HEADS=9, GROUP=3, HEAD_DIM=64, BLOCK_SIZE=16, PARTITION=512, SPLIT=True,
-                  BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, UPCAST=False, PRECISION="ieee")  # fmt: skip
+                  BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, UPCAST=False, PRECISION="ieee",
+                  HAS_FIRST=False)  # fmt: skip
     assert _compile(_decode_kernel, "fp32", decode)
     store = dict(NUM_KV_HEADS=3, HEAD_DIM=64, BLOCK_H=4, BLOCK_D=64)
     assert _compile(_store_kv_kernel, "bf16", store)

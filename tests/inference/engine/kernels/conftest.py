@@ -12,6 +12,8 @@ subprocess with the variable set, so it never reaches any other test. To run the
 Fixtures:
 - `seed`: a fresh random seed per test (fresh inputs each run), printed on failure.
 - `make_batch(rng, ...)`: random ragged sequences laid out in a paged cache (`PagedBatch`).
+- `window_tables(batch, window)`: the batch's tables as a sliding layer lists them (from the
+  block of each sequence's earliest visible key on), the blocks before NaN-poisoned.
 - `tolerance(dtype)`: assert_close tolerances against the fp32 reference for that input dtype
   (fp32 tight; fp16/bf16 allow their rounding of P before the P·V product).
 """
@@ -108,3 +110,27 @@ def make_batch():
 @pytest.fixture
 def tolerance():
     return TOLERANCES.__getitem__
+
+
+def window_block_tables(batch: PagedBatch, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row shifted to start at the block of its earliest visible key (first_blocks), the
+    blocks it drops and the padding after its end pointing at NaN: reading them shows."""
+    size = batch.block_size
+    used = set(batch.block_tables.flatten().tolist())
+    spare = next(b for b in range(batch.k_cache.shape[0] // size) if b not in used)
+    tables = torch.full_like(batch.block_tables, spare)
+    firsts = []
+    for b, (seq_len, q_len) in enumerate(zip(batch.seq_lens, batch.query_lens, strict=True)):
+        first = max(0, int(seq_len) - int(q_len) - window + 1) // size
+        num_blocks = -(-int(seq_len) // size)
+        tables[b, : num_blocks - first] = batch.block_tables[b, first:num_blocks]
+        for block in [spare, *batch.block_tables[b, :first].tolist()]:
+            batch.k_cache[block * size : (block + 1) * size] = float("nan")
+            batch.v_cache[block * size : (block + 1) * size] = float("nan")
+        firsts.append(first)
+    return tables, torch.tensor(firsts, dtype=torch.int32)
+
+
+@pytest.fixture
+def window_tables():
+    return window_block_tables
