@@ -37,6 +37,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     # Decode steps replayed from CUDA graphs (batch sizes 1, 2, 4, ... 64); CUDA + triton only.
     enable_cuda_graphs: bool = True
+    # JSON-schema output: append the tokens the grammar forces without a model step of their own.
+    enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -84,6 +84,7 @@ class LLMEngine:
         self._inbox: list[tuple[Request, Future]] = []
         self._futures: dict[str, Future] = {}
         self._num_steps = 0
+        self._num_forced_tokens = 0
         self._shutdown = False
         self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
         self._loop.start()
@@ -116,6 +117,7 @@ class LLMEngine:
                 num_waiting=len(self.scheduler.waiting) + len(self._inbox),
                 num_preemptions=self.scheduler.num_preemptions,
                 num_steps=self._num_steps,
+                num_forced_tokens=self._num_forced_tokens,
             )
 
     def shutdown(self) -> None:
@@ -222,10 +224,29 @@ class LLMEngine:
             if request.grammar is not None:
                 request.grammar.accept(token)
             status = self._check_stop(request, token)
+            if status is None and request.grammar is not None and self.config.enable_jump_forward:
+                status = self._jump_forward(request, now)
             if status is not None:
                 self.scheduler.finish(request, status)
                 finished.append(request)
         return finished
+
+    def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
+        """Append the tokens the grammar forces now; the next step computes their K/V together
+        with sampling the token after them, so they cost no step of their own."""
+        room = min(
+            request.sampling_params.max_tokens - len(request.output_token_ids),
+            self.max_model_len - request.num_tokens,
+        )
+        status = None
+        for token in request.grammar.accept_forced(room):
+            request.append_output_token(token, now)
+            request.num_forced_tokens += 1
+            self._num_forced_tokens += 1
+            status = self._check_stop(request, token)
+            if status is not None:
+                break
+        return status
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params

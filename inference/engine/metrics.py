@@ -20,6 +20,7 @@ class RequestMetrics:
     num_cached_tokens: int
     num_output_tokens: int
     num_preemptions: int = 0
+    num_forced_tokens: int = 0  # of the output tokens, those the grammar forced (jump-forward)
 
 
 @dataclass(slots=True)
@@ -31,6 +32,7 @@ class EngineStats:
     num_waiting: int
     num_preemptions: int
     num_steps: int
+    num_forced_tokens: int = 0  # output tokens appended by jump-forward, without a model step
 
     @property
     def prefix_cache_hit_rate(self) -> float:

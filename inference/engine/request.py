@@ -48,6 +48,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # set once, when first scheduled
     num_preemptions: int = 0
+    num_forced_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     output_text: str = ""
 
@@ -92,4 +93,5 @@ class Request:
             num_cached_tokens=max(self.num_cached_tokens, 0),
             num_output_tokens=len(self.output_token_ids),
             num_preemptions=self.num_preemptions,
+            num_forced_tokens=self.num_forced_tokens,
         )

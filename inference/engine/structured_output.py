@@ -2,6 +2,9 @@
 
 Each step, every constrained request fills its row of a token bitmask, the bitmask is applied
 to the logits (disallowed tokens → -inf), and the sampled token is fed back to the matcher.
+After it, the tokens the grammar forces (keys, punctuation, the rest of an enum value once its
+start is chosen) can be appended at once (jump-forward): they need no model step of their own,
+only their K/V, computed with the next step's token.
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ class GrammarState:
     def accept(self, token_id: int) -> None:
         accepted = self.matcher.accept_token(token_id)
         assert accepted, f"sampled token {token_id} was masked out by the grammar"
+
+    def accept_forced(self, limit: int) -> list[int]:
+        """The tokens the grammar forces next (at most `limit`), accepted; [] when none."""
+        if limit < 1:
+            return []
+        forced = self.matcher.find_jump_forward_tokens()[:limit]
+        for token_id in forced:
+            accepted = self.matcher.accept_token(token_id)
+            assert accepted, f"jump-forward token {token_id} was refused by the grammar"
+        return forced
 
     @property
     def is_terminated(self) -> bool:

@@ -103,7 +103,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
     for name in [n for n in ENGINE_RUNS if n in args.runs]:
         spec = ENGINE_RUNS[name]
         _progress(f"{name}: loading a fresh engine")
-        engine = _engine(args, spec.enable_prefix_caching)
+        engine = _engine(args, spec.enable_prefix_caching, spec.enable_jump_forward)
         try:
             workload = workload or _workload(engine, args)
             _progress(f"{name}: {spec.description}, {args.requests} requests")
@@ -147,8 +147,14 @@ def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> lis
     return [record.num_output_tokens for record in cached.records]
 
 
-def _engine(args: argparse.Namespace, enable_prefix_caching: bool) -> LLMEngine:
-    config = {"model": args.model, "enable_prefix_caching": enable_prefix_caching}
+def _engine(
+    args: argparse.Namespace, enable_prefix_caching: bool, enable_jump_forward: bool = True
+) -> LLMEngine:
+    config = {
+        "model": args.model,
+        "enable_prefix_caching": enable_prefix_caching,
+        "enable_jump_forward": enable_jump_forward,
+    }
     if args.max_num_batched_tokens is not None:
         config["max_num_batched_tokens"] = args.max_num_batched_tokens
     return LLMEngine(EngineConfig(**config))

@@ -23,6 +23,8 @@ class EngineRunSpec:
     # schema-on run, this run ignores EOS and makes, per request, as many tokens as that run did:
     # the same batch shapes, the same overlap with other requests' prefill chunks.
     match_output_lengths: bool = False
+    # Jump-forward: the tokens the schema forces are appended without a model step of their own.
+    enable_jump_forward: bool = True
 
 
 ENGINE_RUNS: dict[str, EngineRunSpec] = {
@@ -32,6 +34,8 @@ ENGINE_RUNS: dict[str, EngineRunSpec] = {
         EngineRunSpec("uncached", "engine, prefix caching off, JSON schema on", False, True),
         EngineRunSpec("no_schema", "engine, prefix caching on, no schema, same output lengths",
                       True, False, match_output_lengths=True),
+        EngineRunSpec("no_jump", "engine, prefix caching on, JSON schema on, no jump-forward",
+                      True, True, enable_jump_forward=False),
     ]
 }  # fmt: skip
 
@@ -78,6 +82,7 @@ def run_engine(
             "prefix_cache_hits": after.prefix_cache_hits - before.prefix_cache_hits,
             "num_preemptions": after.num_preemptions - before.num_preemptions,
             "num_steps": after.num_steps - before.num_steps,
+            "num_forced_tokens": after.num_forced_tokens - before.num_forced_tokens,
         },
     )
 
