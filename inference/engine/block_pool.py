@@ -2,11 +2,14 @@
 
 A block with ref_cnt 0 sits in the free queue but keeps its hash (and contents) until it is
 handed out again: that is what makes it a cache hit later. Blocks are evicted from the head
-of the free queue (least recently freed first).
+of the free queue (least recently freed first). Cached blocks are also indexed by their chain
+parent (to find which cached blocks continue a prefix: partial-block matches, junctions), and
+the hashes of evicted blocks are remembered, boundedly, so a miss can say it was an eviction.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from inference.engine.hashing import BlockHash
@@ -19,6 +22,7 @@ class KVCacheBlock:
     block_hash: BlockHash | None = None
     # The tokens behind the hash: a hit compares them, so a collision cannot reuse wrong state.
     token_ids: tuple[int, ...] | None = None
+    parent_hash: BlockHash | None = None  # the chain hash before this block (None: first block)
     prev_free: KVCacheBlock | None = None
     next_free: KVCacheBlock | None = None
 
@@ -44,6 +48,15 @@ class FreeBlockQueue:
         assert block is not None and block is not self._tail, "free queue is empty"
         self.remove(block)
         return block
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        first = self._head.next_free
+        assert first is not None
+        self._head.next_free = block
+        block.prev_free = self._head
+        block.next_free = first
+        first.prev_free = block
+        self.num_free_blocks += 1
 
     def append(self, block: KVCacheBlock) -> None:
         last = self._tail.prev_free
@@ -71,12 +84,20 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, max_evicted_hashes: int | None = None
+    ) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        # parent chain hash (None: the root) → the cached blocks that continue it
+        self.children: dict[BlockHash | None, dict[BlockHash, KVCacheBlock]] = {}
+        # Hashes evicted and not cached again since, oldest first; bounded so it cannot grow
+        # without limit on a long-running server.
+        self.evicted_hashes: OrderedDict[BlockHash, None] = OrderedDict()
+        self.max_evicted_hashes = max_evicted_hashes or max(1024, 4 * num_blocks)
         self.num_evictions = 0
 
     @property
@@ -95,7 +116,11 @@ class BlockPool:
         return block
 
     def cache_block(
-        self, block: KVCacheBlock, block_hash: BlockHash, token_ids: tuple[int, ...]
+        self,
+        block: KVCacheBlock,
+        block_hash: BlockHash,
+        token_ids: tuple[int, ...],
+        parent_hash: BlockHash | None = None,
     ) -> None:
         """Register a computed full block; an existing entry for the same hash is kept."""
         if not self.enable_caching or block.block_hash is not None:
@@ -104,7 +129,21 @@ class BlockPool:
             return
         block.block_hash = block_hash
         block.token_ids = token_ids
+        block.parent_hash = parent_hash
         self.hash_to_block[block_hash] = block
+        self.children.setdefault(parent_hash, {})[block_hash] = block
+        self.evicted_hashes.pop(block_hash, None)
+
+    def cached_children(self, parent_hash: BlockHash | None) -> list[KVCacheBlock]:
+        """The cached blocks whose chain continues `parent_hash` (None: first blocks)."""
+        return list(self.children.get(parent_hash, {}).values())
+
+    def was_evicted(self, block_hash: BlockHash) -> bool:
+        return block_hash in self.evicted_hashes
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.hash_to_block)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         assert num_blocks <= self.num_free_blocks, "caller must check num_free_blocks"
@@ -123,19 +162,34 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks: list[KVCacheBlock]) -> None:
-        """Drop a reference; blocks reaching zero join the free queue in the given order."""
+    def free_blocks(self, ordered_blocks: list[KVCacheBlock], uncached_first: bool = False) -> None:
+        """Drop a reference; blocks reaching zero join the free queue in the given order.
+
+        With `uncached_first`, a block that holds no cached state goes to the head of the
+        queue instead: nothing can hit it, so it is the first to hand out again.
+        """
         for block in ordered_blocks:
             assert block.ref_cnt > 0, f"double free of {block}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                if uncached_first and block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return
         if self.hash_to_block.get(block.block_hash) is block:
             del self.hash_to_block[block.block_hash]
+            siblings = self.children.get(block.parent_hash, {})
+            siblings.pop(block.block_hash, None)
+            if not siblings:
+                self.children.pop(block.parent_hash, None)
+            self.evicted_hashes[block.block_hash] = None
+            if len(self.evicted_hashes) > self.max_evicted_hashes:
+                self.evicted_hashes.popitem(last=False)
             self.num_evictions += 1
         block.block_hash = None
         block.token_ids = None
+        block.parent_hash = None

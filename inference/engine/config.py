@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.engine.model_files import known_model_names
+from inference.engine.retention import check_retention_interval
 
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -21,6 +22,10 @@ class EngineConfig:
     device: str = "cpu"
     enable_prefix_caching: bool = True
     block_size: int = 16
+    # Sliding-window models only (vLLM's --prefix-cache-retention-interval): where the window's
+    # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
+    # multiples of N (a multiple of block_size). Reuse rounds down to this grid.
+    retention_interval: int | None = None
     # KV memory: an explicit block count wins over the byte budget.
     kv_cache_memory_bytes: int = 1 << 30
     num_kv_blocks: int | None = None
@@ -47,6 +52,7 @@ class EngineConfig:
             raise ValueError(f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
+        check_retention_interval(self.retention_interval, self.block_size)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
         if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:

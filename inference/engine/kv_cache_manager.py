@@ -2,20 +2,31 @@
 
 The scheduler talks to it through `KVCacheBlocks` and plain counts; an allocation that
 cannot be satisfied returns None and the scheduler decides what to do (preempt or wait).
+
+A model with sliding-window layers has two KV groups, each with its own block pool and block
+tables: the full-attention group (here) and the sliding group (`SlidingWindowManager`). Both
+use the same chain hash per block index. A prompt can resume at P only if the full group's
+chain hits every block before P and a window checkpoint exists at P. A model without sliding
+layers has only the full group and behaves exactly as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inference.engine.block_pool import BlockPool, KVCacheBlock
 from inference.engine.hashing import extra_keys, hash_request_blocks
+from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
+from inference.engine.retention import RetentionPolicy
+from inference.engine.sliding_window_manager import SlidingWindowManager
 
 
 @dataclass(slots=True)
 class KVCacheBlocks:
-    blocks: list[KVCacheBlock]
+    blocks: list[KVCacheBlock]  # full-attention group
+    sliding_blocks: list[KVCacheBlock] = field(default_factory=list)  # the window before P
+    reuse: PrefixReuse | None = None  # the lookup's accounting (admission only)
 
     @property
     def block_ids(self) -> list[int]:
@@ -26,11 +37,31 @@ class KVCacheBlocks:
 class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
     hits: int = 0  # prompt tokens found
+    lost_to_retention: int = 0
+    lost_to_alignment: int = 0
+    lost_to_eviction: int = 0
+    cold: int = 0
+
+    def add(self, reuse: PrefixReuse) -> None:
+        self.queries += reuse.num_prompt_tokens
+        self.hits += reuse.num_reused_tokens
+        self.lost_to_retention += reuse.num_lost_to_retention
+        self.lost_to_alignment += reuse.num_lost_to_alignment
+        self.lost_to_eviction += reuse.num_lost_to_eviction
+        self.cold += reuse.num_cold_tokens
 
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_caching: bool, model_fingerprint: str
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool,
+        model_fingerprint: str,
+        *,
+        sliding_window: int | None = None,
+        retention_interval: int | None = None,
+        num_sliding_blocks: int | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -39,34 +70,40 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
+        self.sliding: SlidingWindowManager | None = None
+        if sliding_window is not None:
+            self.sliding = SlidingWindowManager(
+                num_sliding_blocks or num_blocks,
+                block_size,
+                sliding_window,
+                RetentionPolicy(retention_interval, block_size),
+                enable_caching,
+            )
 
     def usage(self) -> float:
         return self.block_pool.usage()
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
-        """The longest chain of cached full blocks that starts the request's tokens.
+        """The longest cached prefix the request can resume from, and its length in tokens.
 
         At least the last token is always left to compute: its logits are needed.
         """
         if not self.enable_caching:
-            return KVCacheBlocks([]), 0
-        tokens = request.all_token_ids
+            return KVCacheBlocks([], reuse=PrefixReuse.cold(request.num_tokens)), 0
         self._update_hashes(request)
-        max_blocks = (len(tokens) - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
-            start = index * self.block_size
-            block = self.block_pool.get_cached_block(
-                block_hash, tuple(tokens[start : start + self.block_size])
-            )
-            if block is None:
-                break
-            hits.append(block)
-        num_hit_tokens = len(hits) * self.block_size
-        if request.num_preemptions == 0:
-            self.stats.queries += request.num_prompt_tokens
-            self.stats.hits += num_hit_tokens
-        return KVCacheBlocks(hits), num_hit_tokens
+        size = self.block_size
+        chain = self._live_chain(request)
+        num_reusable = min(len(chain), (request.num_tokens - 1) // size) * size
+        reused, evicted_checkpoint = num_reusable, num_reusable
+        sliding_hits: list[KVCacheBlock] = []
+        if self.sliding is not None:
+            checkpoint = self.sliding.find_checkpoint(request, num_reusable)
+            reused, sliding_hits = checkpoint.position, checkpoint.blocks
+            evicted_checkpoint = max(checkpoint.evicted_position, reused)
+        reuse = None
+        if request.num_cached_tokens < 0:  # accounted once, when first admitted
+            reuse = self._account(request, chain, reused, evicted_checkpoint, num_reusable)
+        return KVCacheBlocks(chain[: reused // size], sliding_hits, reuse), reused
 
     def allocate_slots(
         self,
@@ -76,23 +113,32 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Blocks for `num_new_tokens` more tokens after what is computed (plus cache hits).
 
-        Returns the newly allocated blocks, or None when the pool cannot hold them.
+        Returns the newly allocated full-group blocks, or None when a pool cannot hold them
+        (then nothing changed).
         """
-        computed = new_computed_blocks.blocks if new_computed_blocks else []
+        computed = new_computed_blocks or KVCacheBlocks([])
         held = self.req_to_blocks.setdefault(request.request_id, [])
-        num_computed = request.num_computed_tokens + len(computed) * self.block_size
-        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
-        num_new_blocks = num_required - len(held) - len(computed)
+        num_computed = request.num_computed_tokens + len(computed.blocks) * self.block_size
+        end = num_computed + num_new_tokens
+        num_new_blocks = -(-end // self.block_size) - len(held) - len(computed.blocks)
         # Hits that sit in the free queue stop being free once we take them.
-        num_evictable_hits = sum(1 for block in computed if block.ref_cnt == 0)
+        num_evictable_hits = sum(1 for block in computed.blocks if block.ref_cnt == 0)
         if num_new_blocks > self.block_pool.num_free_blocks - num_evictable_hits:
             return None
-        self.block_pool.touch(computed)
-        held.extend(computed)
+        if self.sliding is not None:
+            plan = self.sliding.plan(request, num_computed, end, computed.sliding_blocks)
+            if not self.sliding.can_allocate(plan):
+                return None
+        self.block_pool.touch(computed.blocks)
+        held.extend(computed.blocks)
         new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
         held.extend(new_blocks)
         if self.enable_caching:
-            self._cache_full_blocks(request, num_computed + num_new_tokens)
+            self._cache_full_blocks(request, end)
+        if self.sliding is not None:
+            self.sliding.allocate(request, num_computed, end, computed.sliding_blocks, plan)
+        if computed.reuse is not None and request.num_cached_tokens < 0:
+            self.stats.add(computed.reuse)
         return KVCacheBlocks(new_blocks)
 
     def free(self, request: Request) -> None:
@@ -100,9 +146,15 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         self.block_pool.free_blocks(list(reversed(blocks)))
+        if self.sliding is not None:
+            self.sliding.free(request)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_window_block_ids(self, request_id: str) -> tuple[int, list[int]] | None:
+        """Sliding group: (index of the first block in the window, block ids from there)."""
+        return self.sliding.window_block_ids(request_id) if self.sliding is not None else None
 
     def _update_hashes(self, request: Request) -> None:
         request.block_hashes = hash_request_blocks(
@@ -110,6 +162,55 @@ class KVCacheManager:
             self.block_size,
             extra_keys(self.model_fingerprint, request.sampling_params.cache_salt),
             request.block_hashes,
+        )
+
+    def _live_chain(self, request: Request) -> list[KVCacheBlock]:
+        """Cached full-group blocks that start the request's tokens, as far as they go."""
+        tokens = request.all_token_ids
+        hits: list[KVCacheBlock] = []
+        for index, block_hash in enumerate(request.block_hashes):
+            start = index * self.block_size
+            block = self.block_pool.get_cached_block(
+                block_hash, tuple(tokens[start : start + self.block_size])
+            )
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _account(
+        self,
+        request: Request,
+        chain: list[KVCacheBlock],
+        reused: int,
+        evicted_checkpoint: int,
+        reusable: int,
+    ) -> PrefixReuse:
+        """Where the prompt's tokens went (see prefix_reuse): the matched part past the chain
+        is either evicted blocks or a partial match with a cached block continuing it."""
+        size, tokens, hashes = self.block_size, request.all_token_ids, request.block_hashes
+        matched = evicted_upto = len(chain) * size
+        if len(chain) < len(hashes) and self.block_pool.was_evicted(hashes[len(chain)]):
+            index = len(chain)
+            while index < len(hashes) and self.block_pool.was_evicted(hashes[index]):
+                index += 1
+            evicted_upto = index * size
+        else:
+            tail = tokens[matched : matched + size]
+            parent = chain[-1].block_hash if chain else None
+            for child in self.block_pool.cached_children(parent):
+                common = 0
+                while common < len(tail) and child.token_ids[common] == tail[common]:
+                    common += 1
+                matched = max(matched, len(chain) * size + common)
+            evicted_upto = matched
+        return PrefixReuse.from_positions(
+            request.num_tokens,
+            reused=reused,
+            checkpoint_evicted_upto=evicted_checkpoint,
+            reusable=reusable,
+            matched=matched,
+            evicted_upto=evicted_upto,
         )
 
     def _cache_full_blocks(self, request: Request, num_tokens_after_step: int) -> None:
@@ -127,5 +228,6 @@ class KVCacheManager:
                 blocks[index],
                 request.block_hashes[index],
                 tuple(tokens[start : start + self.block_size]),
+                request.block_hashes[index - 1] if index else None,
             )
         self.num_cached_blocks[request.request_id] = num_full

@@ -19,7 +19,7 @@ import torch
 from inference.engine.config import EngineConfig
 from inference.engine.kv_cache_manager import KVCacheManager
 from inference.engine.metrics import EngineStats, RequestMetrics
-from inference.engine.model_runner import ModelRunner
+from inference.engine.model_runner import ModelRunner, layer_types_of
 from inference.engine.models import load_model
 from inference.engine.request import Request, RequestStatus
 from inference.engine.sampling_params import SamplingParams
@@ -61,7 +61,17 @@ class LLMEngine:
                 f"of {bytes_per_block} bytes; raise it"
             )
         self.kv_cache_manager = KVCacheManager(
-            self.num_blocks, config.block_size, config.enable_prefix_caching, loaded.fingerprint
+            self.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            loaded.fingerprint,
+            sliding_window=self._sliding_window(loaded.config),
+            retention_interval=config.retention_interval,
+        )
+        # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
+        num_sliding_layers = layer_types_of(loaded.config).count("sliding")
+        self.sliding_block_bytes = (
+            bytes_per_block * num_sliding_layers // len(layer_types_of(loaded.config))
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens
@@ -109,6 +119,8 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             prefix = self.kv_cache_manager.stats
+            sliding = self.kv_cache_manager.sliding
+            num_checkpoint_blocks = sliding.block_pool.num_cached_blocks if sliding else 0
             return EngineStats(
                 prefix_cache_queries=prefix.queries,
                 prefix_cache_hits=prefix.hits,
@@ -118,6 +130,13 @@ class LLMEngine:
                 num_preemptions=self.scheduler.num_preemptions,
                 num_steps=self._num_steps,
                 num_forced_tokens=self._num_forced_tokens,
+                num_lost_to_retention=prefix.lost_to_retention,
+                num_lost_to_alignment=prefix.lost_to_alignment,
+                num_lost_to_eviction=prefix.lost_to_eviction,
+                num_cold_tokens=prefix.cold,
+                num_checkpoints=len(sliding.checkpoints) if sliding else 0,
+                num_checkpoint_blocks=num_checkpoint_blocks,
+                checkpoint_memory_bytes=num_checkpoint_blocks * self.sliding_block_bytes,
             )
 
     def shutdown(self) -> None:
@@ -125,6 +144,26 @@ class LLMEngine:
             self._shutdown = True
             self._lock.notify()
         self._loop.join(timeout=30)
+
+    def _sliding_window(self, model_config) -> int | None:
+        """The window of the model's sliding layers (None: it has none, the retention interval
+        changes nothing and we say so)."""
+        layer_types = layer_types_of(model_config)
+        if "sliding" not in layer_types:
+            if self.config.retention_interval is not None:
+                logger.warning(
+                    "retention_interval=%s changes nothing: model %s has no sliding-window "
+                    "layers (every layer keeps all its KV, so every cached block is reusable)",
+                    self.config.retention_interval,
+                    self.config.model,
+                )
+            return None
+        if "full" not in layer_types:
+            raise ValueError(
+                f"model {self.config.model} has only sliding-window layers; the engine needs "
+                "at least one full-attention layer to chain its prefix cache"
+            )
+        return int(model_config.sliding_window)
 
     # ---- building requests (caller's thread) --------------------------------------------
 
@@ -163,7 +202,8 @@ class LLMEngine:
 
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):

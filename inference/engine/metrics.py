@@ -2,6 +2,9 @@
 
 Timing definitions follow vLLM: queue = queued → first scheduled, prefill = first scheduled →
 first token, decode = first → last token, TTFT and e2e from arrival.
+
+Prompt tokens split into cached (reused) + lost to retention / alignment / eviction + cold,
+which add up to the prompt length (see prefix_reuse for what each means).
 """
 
 from __future__ import annotations
@@ -21,6 +24,18 @@ class RequestMetrics:
     num_output_tokens: int
     num_preemptions: int = 0
     num_forced_tokens: int = 0  # of the output tokens, those the grammar forced (jump-forward)
+    num_lost_to_retention: int = 0  # matched cached blocks, but no window checkpoint there
+    num_lost_to_alignment: int = 0  # matched inside a block that is not wholly shared
+    num_lost_to_eviction: int = 0  # was cached, evicted since
+    num_cold_tokens: int = 0  # never cached
+
+    def lost_tokens(self) -> dict[str, int]:
+        """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
+        return {
+            "retention": self.num_lost_to_retention,
+            "alignment": self.num_lost_to_alignment,
+            "eviction": self.num_lost_to_eviction,
+        }
 
 
 @dataclass(slots=True)
@@ -33,6 +48,15 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_forced_tokens: int = 0  # output tokens appended by jump-forward, without a model step
+    # Summed over requests since start, in prompt tokens (prefix_cache_hits are the reused).
+    num_lost_to_retention: int = 0
+    num_lost_to_alignment: int = 0
+    num_lost_to_eviction: int = 0
+    num_cold_tokens: int = 0
+    # Window checkpoints: records kept, and the sliding-group blocks cached for them.
+    num_checkpoints: int = 0
+    num_checkpoint_blocks: int = 0
+    checkpoint_memory_bytes: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -3,6 +3,9 @@
 It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
 cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
 head_dim), so copies of slots (copy-on-write, window checkpoints) take one call for all layers.
+A hybrid model's layers come in two KV groups: full-attention layers index the full group's
+slots, sliding-window layers their own (smaller in use, not in size) sliding group's, and get
+their own metadata (`meta.sliding`) listing only the blocks of each request's window.
 On the kernel path (triton: CUDA, or CPU under the interpreter) it builds block tables and
 lengths instead of the torch path's spans, and replays decode steps from CUDA graphs.
 """
@@ -44,15 +47,18 @@ class ModelRunner:
 
             check_device(device)  # on CPU: refuses unless the interpreter is on
         cfg = loaded.config
+        layer_types = layer_types_of(cfg)
+        self.has_sliding = "sliding" in layer_types
+        self.sliding_window = getattr(cfg, "sliding_window", None)
+        # One pair of tensors per layer; both groups have num_blocks blocks (see llm_engine).
         num_slots = num_blocks * block_size
-        shape = (cfg.num_layers, 2, num_slots, cfg.num_kv_heads, cfg.head_dim)
+        shape = (len(layer_types), 2, num_slots, cfg.num_kv_heads, cfg.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
         self.graphs = None
         # A graph records one set of block tables; sliding-window layers with their own window
         # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
-        is_hybrid = "sliding" in (getattr(cfg, "layer_types", None) or ())
-        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not is_hybrid:
+        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not self.has_sliding:
             from inference.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
@@ -109,6 +115,8 @@ class ModelRunner:
             )
             if self.use_kernels:
                 meta.kernel = build_kernel_metadata(kernel_spans, self.block_size, self.device)
+            if self.has_sliding:
+                meta.sliding = self._sliding_metadata(output)
             logits = self.model(
                 torch.tensor(input_ids, device=self.device),
                 torch.tensor(positions, device=self.device),
@@ -144,6 +152,48 @@ class ModelRunner:
                 num_full[index] = scheduled.request.num_computed_tokens // self.block_size
         return plan_shared_prefix(decode_blocks, num_full, self.block_size, self.device)
 
-    def _slots(self, block_ids: list[int], start: int, end: int) -> list[int]:
+    def _sliding_metadata(self, output: SchedulerOutput) -> AttentionMetadata:
+        """Slots and spans over each request's window blocks in the sliding group."""
         size = self.block_size
-        return [block_ids[p // size] * size + p % size for p in range(start, end)]
+        slot_mapping: list[int] = []
+        spans = []
+        kernel_spans: list[ScheduledSpan] = []
+        for scheduled in output.scheduled:
+            assert scheduled.window_block_ids is not None, "hybrid model without a window table"
+            first, block_ids = scheduled.window_block_ids
+            start = scheduled.request.num_computed_tokens
+            end = start + scheduled.num_new_tokens
+            query_start = len(slot_mapping)
+            slot_mapping.extend(self._slots(block_ids, start, end, first))
+            if self.use_kernels:
+                kernel_spans.append(
+                    ScheduledSpan(query_start, end - start, start, block_ids, first_block=first)
+                )
+                continue
+            spans.append(
+                plan_span(
+                    query_start,
+                    end - start,
+                    block_ids,
+                    start,
+                    size,
+                    self.device,
+                    first_position=first * size,
+                )
+            )
+        meta = AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
+        if self.use_kernels:
+            meta.kernel = build_kernel_metadata(
+                kernel_spans, size, self.device, window=self.sliding_window
+            )
+        return meta
+
+    def _slots(self, block_ids: list[int], start: int, end: int, first: int = 0) -> list[int]:
+        """Slot of each position in [start, end); block_ids[0] is block index `first`."""
+        size = self.block_size
+        return [block_ids[p // size - first] * size + p % size for p in range(start, end)]
+
+
+def layer_types_of(config) -> tuple[str, ...]:
+    """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
+    return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)

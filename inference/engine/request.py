@@ -11,6 +11,7 @@ import torch
 
 from inference.engine.hashing import BlockHash
 from inference.engine.metrics import RequestMetrics
+from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # set once, when first scheduled
+    reuse: PrefixReuse | None = None  # where the prompt's tokens went; set with num_cached_tokens
     num_preemptions: int = 0
     num_forced_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
@@ -83,6 +85,7 @@ class Request:
         scheduled = self.first_scheduled_time or arrival
         first = self.first_token_time or scheduled
         last = self.last_token_time or first
+        reuse = self.reuse or PrefixReuse(self.num_prompt_tokens)
         return RequestMetrics(
             queue_s=scheduled - arrival,
             prefill_s=first - scheduled,
@@ -94,4 +97,8 @@ class Request:
             num_output_tokens=len(self.output_token_ids),
             num_preemptions=self.num_preemptions,
             num_forced_tokens=self.num_forced_tokens,
+            num_lost_to_retention=reuse.num_lost_to_retention,
+            num_lost_to_alignment=reuse.num_lost_to_alignment,
+            num_lost_to_eviction=reuse.num_lost_to_eviction,
+            num_cold_tokens=reuse.num_cold_tokens,
         )

@@ -19,7 +19,9 @@ from inference.engine.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
-    block_ids: list[int]
+    block_ids: list[int]  # full-attention group
+    # Sliding group (hybrid models): (index of the first block in the window, its block ids).
+    window_block_ids: tuple[int, list[int]] | None = None
 
 
 @dataclass(slots=True)
@@ -77,9 +79,7 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break
-            output.scheduled.append(
-                ScheduledRequest(request, num_new, manager.get_block_ids(request.request_id))
-            )
+            output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
             index += 1
 
@@ -95,15 +95,23 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
+                request.reuse = computed_blocks.reuse
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            output.scheduled.append(
-                ScheduledRequest(request, num_new, manager.get_block_ids(request.request_id))
-            )
+            output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return output
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        manager = self.kv_cache_manager
+        return ScheduledRequest(
+            request,
+            num_new,
+            manager.get_block_ids(request.request_id),
+            manager.get_window_block_ids(request.request_id),
+        )
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

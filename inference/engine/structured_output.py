@@ -16,7 +16,11 @@ import xgrammar as xgr
 
 from inference.engine.tokenizer import Tokenizer
 
-_VOCAB_TYPES = {"byte_level": xgr.VocabType.BYTE_LEVEL, "raw": xgr.VocabType.RAW}
+_VOCAB_TYPES = {
+    "byte_level": xgr.VocabType.BYTE_LEVEL,
+    "byte_fallback": xgr.VocabType.BYTE_FALLBACK,  # SentencePiece: "▁" spaces, <0xNN> bytes
+    "raw": xgr.VocabType.RAW,
+}
 
 
 class GrammarState:

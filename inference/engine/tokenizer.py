@@ -1,4 +1,5 @@
-"""The engine's tokenizer: byte-level BPE and the chat template, built from GGUF metadata.
+"""The engine's tokenizer: byte-level BPE or Gemma's SentencePiece-style BPE (built in
+tokenizer_spm), and the chat template, from GGUF metadata.
 
 A GGUF file carries no tokenizer.json, only llama.cpp's `tokenizer.*` keys (vocabulary, merges,
 token types, special ids, chat template). We rebuild the same pipeline the model was trained with
@@ -12,6 +13,7 @@ import json
 import logging
 import operator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -20,9 +22,11 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from inference.engine.tokenizer_spm import DEFAULT_CACHE_DIR, build_spm_backend, respelled_vocab
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODELS = ("gpt2",)
+SUPPORTED_MODELS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (Gemma only)
 CHAT_ROLES = ("system", "user", "assistant")
 
 # llama.cpp's token types (gguf.TokenType): CONTROL tokens are specials such as <|im_end|>.
@@ -66,11 +70,12 @@ class Tokenizer:
         add_bos_token: bool,
         add_eos_token: bool,
         chat_template: str | None,
+        vocab_type: str = "byte_level",
     ) -> None:
         self._backend = backend
         self.vocab = vocab
         self.vocab_size = len(vocab)
-        self.vocab_type = "byte_level"
+        self.vocab_type = vocab_type  # how xgrammar reads the vocabulary's spellings
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self._add_bos_token = add_bos_token and bos_token_id is not None
@@ -82,12 +87,23 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
+    def from_gguf_metadata(
+        cls, metadata: dict[str, Any], cache_dir: Path | None = DEFAULT_CACHE_DIR
+    ) -> Tokenizer:
+        """`cache_dir` keeps built SentencePiece tokenizers (None: build every time)."""
         model = metadata.get("tokenizer.ggml.model")
         if model not in SUPPORTED_MODELS:
             raise ValueError(
                 f"unsupported tokenizer.ggml.model {model!r}: this engine builds only "
-                f"{list(SUPPORTED_MODELS)} (byte-level BPE) tokenizers"
+                f"{list(SUPPORTED_MODELS)} tokenizers"
+            )
+        if model == "llama":
+            _required(metadata, "tokenizer.ggml.tokens")
+            return cls(
+                backend=build_spm_backend(metadata, cache_dir),
+                vocab=respelled_vocab(metadata["tokenizer.ggml.tokens"]),
+                vocab_type="byte_fallback",
+                **_special_ids(metadata, len(metadata["tokenizer.ggml.tokens"])),
             )
         vocab = list(_required(metadata, "tokenizer.ggml.tokens"))
         merges = _required(metadata, "tokenizer.ggml.merges")
@@ -107,17 +123,7 @@ class Tokenizer:
                 if token_type == _TOKEN_TYPE_CONTROL
             ],
         )
-        return cls(
-            backend=backend,
-            vocab=vocab,
-            bos_token_id=_token_id(metadata, "tokenizer.ggml.bos_token_id", len(vocab)),
-            eos_token_id=_token_id(
-                metadata, "tokenizer.ggml.eos_token_id", len(vocab), required=True
-            ),
-            add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-            add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
-            chat_template=metadata.get("tokenizer.chat_template"),
-        )
+        return cls(backend=backend, vocab=vocab, **_special_ids(metadata, len(vocab)))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special tokens written in it (`<|im_start|>`) stay single ids.
@@ -151,8 +157,8 @@ class Tokenizer:
         """The prompt text for `messages`, rendered by the model's own chat template."""
         if self._chat_template is None:
             raise ValueError(
-                "this model's GGUF has no tokenizer.chat_template; build the prompt text yourself "
-                "and call encode()"
+                "this model's GGUF has no tokenizer.chat_template (a base model such as "
+                "gemma3-270m): send the prompt as plain text or token ids, not chat messages"
             )
         return self._chat_template.render(
             messages=_validated_messages(messages),
@@ -217,6 +223,16 @@ def _end_of_turn_token_ids(chat_template: str, backend: tokenizers.Tokenizer) ->
         if token in chat_template and token_id is not None:
             found.append(token_id)
     return found
+
+
+def _special_ids(metadata: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    return dict(
+        bos_token_id=_token_id(metadata, "tokenizer.ggml.bos_token_id", vocab_size),
+        eos_token_id=_token_id(metadata, "tokenizer.ggml.eos_token_id", vocab_size, required=True),
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        chat_template=metadata.get("tokenizer.chat_template"),
+    )
 
 
 def _required(metadata: dict[str, Any], key: str) -> Any:

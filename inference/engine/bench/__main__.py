@@ -4,12 +4,18 @@ Runs, in one process, on the same workload: the engine with prefix caching on (t
 number), with it off, without the JSON schema, then transformers' `generate`. Each engine run
 gets a fresh engine. Prints a table and the ratios against the issue's targets (`--json`: one
 JSON object). Progress goes to stderr.
+
+With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
+retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
+and one with prefix caching off, and prints reuse, lost tokens by reason, prefill time and
+checkpoint memory per policy.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import sys
@@ -21,7 +27,18 @@ from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.results import RunResult
-from inference.engine.bench.workload import DECISION_MAX_TOKENS, Workload, build_workload
+from inference.engine.bench.retention_sweep import (
+    format_sweep,
+    parse_intervals,
+    run_sweep,
+    sweep_json,
+)
+from inference.engine.bench.workload import (
+    DECISION_MAX_TOKENS,
+    Workload,
+    build_workload,
+    chat_tokenizer_for,
+)
 
 RUN_NAMES = [*ENGINE_RUNS, "transformers"]
 
@@ -33,7 +50,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--head-tokens", type=int, default=1200, help="shared head size")
     parser.add_argument(
-        "--prompt-tokens", default="1500-2500", help="LOW-HIGH: each prompt's size in tokens"
+        "--prompt-tokens",
+        default=None,
+        help="LOW-HIGH: each prompt's size in tokens (default 1500-2500; in a retention sweep, "
+        "a few hundred tokens past the head)",
+    )
+    parser.add_argument(
+        "--retention-interval",
+        default=None,
+        help="comma-separated retention policies to compare, each a number of tokens (a "
+        "multiple of the block size), 'dense' or 'prompt-end', e.g. 4096,2048,1024,dense; "
+        "prompts then share exactly --head-tokens tokens",
     )
     parser.add_argument(
         "--max-tokens",
@@ -63,6 +90,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--runs: unknown {unknown}; choose from {RUN_NAMES}")
     if args.skip_baseline:
         args.runs = [name for name in args.runs if name != "transformers"]
+    args.intervals = None
+    if args.retention_interval is not None:
+        try:
+            args.intervals = parse_intervals(args.retention_interval)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.prompt_tokens is None:
+        # A sweep's head must fit in the shared system message, which is ≥ 90% of its target.
+        low = _sweep_system_tokens(args.head_tokens) + 150
+        args.prompt_tokens = f"{low}-{low + 300}" if args.intervals else "1500-2500"
     try:
         low, high = (int(part) for part in args.prompt_tokens.split("-"))
     except ValueError:
@@ -75,10 +112,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _sweep_system_tokens(head_tokens: int) -> int:
+    return int(head_tokens / 0.9) + 16
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_at_start = os.getloadavg()[0]
+    if args.intervals is not None:
+        return _sweep_main(args, started, load_at_start)
     try:
         runs, workload = _run_all(args)
     except ValueError as exc:
@@ -94,6 +137,45 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(_header(meta))
         print(format_table(runs, summaries))
+    return 0
+
+
+def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
+    def workload_of(engine: LLMEngine) -> Workload:
+        return build_workload(
+            chat_tokenizer_for(engine.tokenizer),
+            num_requests=args.requests,
+            head_tokens=_sweep_system_tokens(args.head_tokens),
+            prompt_token_range=args.prompt_token_range,
+            seed=args.seed,
+        )
+
+    try:
+        runs, workload = run_sweep(
+            lambda caching, interval: _engine(args, caching, retention_interval=interval),
+            workload_of,
+            args.intervals,
+            head_tokens=args.head_tokens,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            progress=_progress,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    meta = _meta(args, workload, started, load_at_start)
+    meta["workload"]["head_tokens"] = args.head_tokens
+    meta["workload"]["shared_prefix_tokens"] = args.head_tokens  # exactly: see retention_sweep
+    meta["workload"]["prompt_tokens"] = [m.num_prompt_tokens for m in runs[0].metrics]
+    data = {**meta, "retention_sweep": sweep_json(runs)}
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+    else:
+        print(_header(meta))
+        print(format_sweep(runs))
     return 0
 
 
@@ -148,12 +230,16 @@ def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> lis
 
 
 def _engine(
-    args: argparse.Namespace, enable_prefix_caching: bool, enable_jump_forward: bool = True
+    args: argparse.Namespace,
+    enable_prefix_caching: bool,
+    enable_jump_forward: bool = True,
+    retention_interval: int | None = None,
 ) -> LLMEngine:
     config = {
         "model": args.model,
         "enable_prefix_caching": enable_prefix_caching,
         "enable_jump_forward": enable_jump_forward,
+        "retention_interval": retention_interval,
     }
     if args.max_num_batched_tokens is not None:
         config["max_num_batched_tokens"] = args.max_num_batched_tokens

@@ -91,6 +91,32 @@ class ChatTokenizer(Protocol):
     ) -> list[int]: ...
 
 
+class PlainTextChat:
+    """For a base model (no chat template in its GGUF, e.g. gemma3-270m): messages rendered as
+    plain text sections, encoded with the tokenizer's own special tokens (BOS)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = "".join(f"### {m['role']}\n{m['content']}\n\n" for m in messages)
+        if add_generation_prompt:
+            text += "### assistant\n"
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+
+def chat_tokenizer_for(tokenizer) -> ChatTokenizer:
+    """The tokenizer itself when its model has a chat template, else a plain-text rendering."""
+    if getattr(tokenizer, "chat_template_source", True) is None:
+        return PlainTextChat(tokenizer)
+    return tokenizer
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     requests: list[list[dict[str, str]]]  # chat messages, one list per request

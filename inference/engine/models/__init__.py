@@ -25,17 +25,29 @@ from inference.engine.hf_checkpoint import (
     read_hf_weights,
 )
 from inference.engine.model_files import TINY_RANDOM_MODELS, gguf_path_for
-from inference.engine.models.llama import LlamaConfig, LlamaForCausalLM, gguf_names_to_hf
+from inference.engine.models import gemma3, llama
 from inference.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURES = {"llama": (LlamaConfig, LlamaForCausalLM, gguf_names_to_hf)}
+ARCHITECTURES = {
+    "llama": (llama.LlamaConfig, llama.LlamaForCausalLM, llama.gguf_names_to_hf),
+    "gemma3": (gemma3.Gemma3Config, gemma3.Gemma3ForCausalLM, gemma3.gguf_names_to_hf),
+}
 
 # Small enough that a test step takes milliseconds, big enough to exercise GQA and RoPE.
-TINY_OVERRIDES = dict(
-    hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
-)
+_TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+TINY_OVERRIDES = {
+    "llama": dict(_TINY_DIMS, num_layers=2),
+    # One period of the real pattern (5 sliding, 1 global) and the real window, so window
+    # masking and the sliding-layer cache are exercised at production sizes.
+    "gemma3": dict(
+        _TINY_DIMS,
+        num_layers=6,
+        layer_types=("sliding",) * 5 + ("full",),
+        query_pre_attn_scalar=16.0,
+    ),
+}
 
 
 @dataclass(slots=True)
@@ -65,7 +77,7 @@ def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     fingerprint = hashlib.sha256(f"{path.name}:{path.stat().st_size}:{config}".encode()).hexdigest()
 
     if name in TINY_RANDOM_MODELS:
-        config = dataclasses.replace(config, **TINY_OVERRIDES)
+        config = dataclasses.replace(config, **TINY_OVERRIDES[arch])
         model = model_cls(config)
         _init_random(model, seed)
         fingerprint = hashlib.sha256(f"random:{seed}:{config}".encode()).hexdigest()
@@ -95,7 +107,7 @@ def _load_hf_checkpoint(path, device: torch.device) -> LoadedModel:
 def _init_random(model: nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
-        if "layernorm" in name or name == "norm":
+        if name.rsplit(".", 1)[-1].endswith("norm"):  # norm multipliers start at 1
             param.fill_(1.0)
         else:
             param.copy_(

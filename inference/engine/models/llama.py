@@ -68,8 +68,20 @@ class LlamaConfig:
         )
 
     @property
+    def layer_types(self) -> tuple[str, ...]:
+        return ("full",) * self.num_layers  # no sliding-window layers
+
+    @property
+    def sliding_window(self) -> int | None:
+        return None
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
+        return self.num_layers * self.kv_bytes_per_token_per_layer
 
 
 class RotaryEmbedding(nn.Module):

@@ -110,3 +110,145 @@ def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
         ctx = torch.tensor([b * BLOCK + o for b in blocks[i] for o in range(BLOCK)][: lengths[i]])
         expected = reference_attention(q[i : i + 1], k_cache[ctx], v_cache[ctx], D**-0.5)
         torch.testing.assert_close(out[i : i + 1], expected, atol=1e-5, rtol=1e-4)
+
+
+def _window_reference(q, k_all, v_all, q_positions, window, scale):
+    """Dense SDPA over every position with the window mask (p-W, p]."""
+    k_pos = torch.arange(k_all.shape[0])
+    keep = (k_pos[None, :] <= q_positions[:, None]) & (
+        k_pos[None, :] > q_positions[:, None] - window
+    )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k_all.transpose(0, 1).unsqueeze(0),
+        v_all.transpose(0, 1).unsqueeze(0),
+        attn_mask=keep,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
+    """Decode and chunked-prefill spans; some list only the blocks from mid-sequence on (as a
+    sliding layer's cache does), in random block order, some read in place."""
+    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    window = rng.choice([5, 8, 13])
+    H, KVH, D = rng.choice([(6, 2, 8), (4, 1, 16), (2, 2, 4)])  # heads, kv heads, head_dim
+    num_blocks = 80
+    k_cache = torch.full((num_blocks * BLOCK, KVH, D), float("nan"))  # unlisted slots poison
+    v_cache = torch.full_like(k_cache, float("nan"))
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    spans, slot_mapping, queries, expected, k_new, v_new = [], [], [], [], [], []
+    row = 0
+    for _ in range(4):
+        num_cached, q_len = rng.choice([0, 3, 16, 23, 41]), rng.choice([1, 1, 4, 9])
+        n = num_cached + q_len
+        k_all, v_all = torch.randn(n, KVH, D), torch.randn(n, KVH, D)
+        # The cache keeps the window's blocks only: from the first query's oldest visible key.
+        oldest = max(0, num_cached - (1 if q_len == 1 else 0) - window + 1)
+        first_position = oldest // BLOCK * BLOCK - rng.choice([0, BLOCK]) if oldest else 0
+        first_position = max(first_position, 0)
+        blocks = [free.pop() for _ in range(-(-(n - first_position) // BLOCK))]
+        if rng.random() < 0.5:
+            blocks.sort()
+        slots = torch.tensor(
+            [
+                blocks[(p - first_position) // BLOCK] * BLOCK + p % BLOCK
+                for p in range(first_position, n)
+            ]
+        )
+        listed = num_cached - first_position
+        write_kv(
+            k_all[first_position:num_cached],
+            v_all[first_position:num_cached],
+            k_cache,
+            v_cache,
+            slots[:listed],
+        )
+        spans.append(
+            plan_span(
+                row,
+                q_len,
+                blocks,
+                num_cached,
+                BLOCK,
+                torch.device("cpu"),
+                first_position=first_position,
+            )
+        )
+        slot_mapping.append(slots[listed:])
+        qs = torch.randn(q_len, H, D)
+        queries.append(qs)
+        k_new.append(k_all[num_cached:])
+        v_new.append(v_all[num_cached:])
+        q_positions = torch.arange(num_cached, n)
+        expected.append(_window_reference(qs, k_all, v_all, q_positions, window, D**-0.5))
+        row += q_len
+    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    k_step, v_step = torch.cat(k_new), torch.cat(v_new)
+    write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
+    out = paged_attention(
+        torch.cat(queries), k_step, v_step, k_cache, v_cache, meta, D**-0.5, window=window
+    )
+    torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-4)
+
+
+def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
+    """Decoding spans that share leading blocks (read once on full layers) still see exactly
+    their window when the same metadata reaches a sliding layer."""
+    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    torch.manual_seed(0)
+    window, shared_blocks = 10, [3, 4, 5]  # 12 shared positions, read in place
+    k_cache, v_cache = torch.zeros(40 * BLOCK, KVH, D), torch.zeros(40 * BLOCK, KVH, D)
+    k_head, v_head = torch.randn(12, KVH, D), torch.randn(12, KVH, D)
+    write_kv(k_head, v_head, k_cache, v_cache, torch.arange(12, 24))
+    decode_blocks, num_full, queries, expected, new_slots, k_new, v_new = {}, {}, [], [], [], [], []
+    for i, (own, length) in enumerate([([20, 9], 17), ([30, 31], 20), ([11], 14)]):
+        blocks = shared_blocks + own
+        k_tail, v_tail = torch.randn(length - 12, KVH, D), torch.randn(length - 12, KVH, D)
+        slots = torch.tensor([blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(12, length)])
+        write_kv(k_tail[:-1], v_tail[:-1], k_cache, v_cache, slots[:-1])
+        new_slots.append(slots[-1:])
+        k_new.append(k_tail[-1:])
+        v_new.append(v_tail[-1:])
+        decode_blocks[i], num_full[i] = blocks, (length - 1) // BLOCK
+        qs = torch.randn(1, H, D)
+        queries.append(qs)
+        k_all, v_all = torch.cat([k_head, k_tail]), torch.cat([v_head, v_tail])
+        expected.append(
+            _window_reference(qs, k_all, v_all, torch.tensor([length - 1]), window, D**-0.5)
+        )
+    shared, skip = plan_shared_prefix(decode_blocks, num_full, BLOCK, torch.device("cpu"))
+    assert skip == 3
+    spans = [
+        plan_span(
+            i,
+            1,
+            decode_blocks[i],
+            length - 1,
+            BLOCK,
+            torch.device("cpu"),
+            skip_blocks=skip,
+        )
+        for i, length in enumerate([17, 20, 14])
+    ]
+    meta = AttentionMetadata(torch.cat(new_slots), spans, shared)
+    k_step, v_step = torch.cat(k_new), torch.cat(v_new)
+    write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
+    q = torch.cat(queries)
+    out = paged_attention(q, k_step, v_step, k_cache, v_cache, meta, D**-0.5, window=window)
+    torch.testing.assert_close(out, torch.cat(expected), atol=1e-5, rtol=1e-4)
+    # A window longer than the whole context is plain causal attention: the full-layer path.
+    full = paged_attention(q, k_step, v_step, k_cache, v_cache, meta, D**-0.5)
+    wide = paged_attention(q, k_step, v_step, k_cache, v_cache, meta, D**-0.5, window=1000)
+    torch.testing.assert_close(wide, full, atol=1e-5, rtol=1e-4)
+
+
+def test_plan_span_rejects_a_first_position_off_the_block_grid():
+    with pytest.raises(ValueError, match="first_position"):
+        plan_span(0, 2, [1, 2], 9, BLOCK, torch.device("cpu"), first_position=3)

@@ -198,3 +198,39 @@ def test_max_tokens_default_fits_the_longest_decision(tiny_engine) -> None:
     )
     # The reason: at most one token per character; then `"}` and EOS.
     assert worst + REASON_MAX_CHARS + 3 <= DECISION_MAX_TOKENS
+
+
+def test_cli_retention_sweep_reuses_the_exact_head_down_to_each_grid(capsys) -> None:
+    argv = ["--model", "gemma3-tiny-random", "--requests", "3", "--concurrency", "2",
+            "--head-tokens", "600", "--retention-interval", "512,dense,prompt-end",
+            "--max-tokens", "4", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    sweep = data["retention_sweep"]
+    assert list(sweep) == ["off", "512", "dense", "prompt-end"]
+    assert data["workload"]["shared_prefix_tokens"] == 600
+    # After the first request: 600 shared tokens = 37 whole blocks (592) + 8 (alignment).
+    expected = {"off": (0, 0, 0), "512": (512, 80, 8), "dense": (592, 0, 8),
+                "prompt-end": (0, 592, 8)}  # fmt: skip
+    for label, (reused, retention, alignment) in expected.items():
+        run = sweep[label]
+        if label == "off":
+            assert run["reused"] == 0 and run["checkpoint_memory_mib"] == 0
+            continue
+        assert (run["reused"], run["lost_to_retention"]) == (reused, retention), label
+        assert run["lost_to_alignment"] == alignment
+        assert run["checkpoint_memory_mib"] > 0
+        for m in run["per_request"]:
+            lost = m["num_lost_to_retention"] + m["num_lost_to_alignment"]
+            lost += m["num_lost_to_eviction"] + m["num_cold_tokens"]
+            assert m["num_cached_tokens"] + lost == m["num_prompt_tokens"]
+
+
+def test_cli_rejects_a_bad_retention_interval(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--retention-interval", "2048,often"])
+    assert "'often' is not a number of tokens" in capsys.readouterr().err
+    argv = ["--model", "gemma3-tiny-random", "--requests", "2", "--head-tokens", "600",
+            "--retention-interval", "1000"]  # fmt: skip
+    assert main(argv) == 2
+    assert "multiple of block_size" in capsys.readouterr().err

@@ -75,3 +75,40 @@ def test_caching_disabled_registers_nothing():
     (a,) = pool.get_new_blocks(1)
     pool.cache_block(a, h(1), (1,))
     assert pool.get_cached_block(h(1), (1,)) is None
+
+
+def test_children_index_follows_caching_and_eviction():
+    pool = BlockPool(3)
+    a, b, c = pool.get_new_blocks(3)
+    pool.cache_block(a, h(1), (1,), parent_hash=None)
+    pool.cache_block(b, h(2), (2,), parent_hash=h(1))
+    pool.cache_block(c, h(3), (3,), parent_hash=h(1))
+    assert pool.cached_children(None) == [a]
+    assert pool.cached_children(h(1)) == [b, c]
+    pool.free_blocks([b, a, c])  # queue: b, a, c
+    pool.get_new_blocks(1)  # evicts b
+    assert pool.cached_children(h(1)) == [c]
+    assert pool.was_evicted(h(2)) and not pool.was_evicted(h(3))
+    (d,) = pool.get_new_blocks(1)  # evicts a
+    pool.cache_block(d, h(2), (2,), parent_hash=h(1))  # cached again: no longer "evicted"
+    assert not pool.was_evicted(h(2)) and pool.was_evicted(h(1))
+
+
+def test_evicted_hashes_are_bounded_oldest_first():
+    pool = BlockPool(2, max_evicted_hashes=2)
+    for n in range(4):
+        (block,) = pool.get_new_blocks(1)
+        pool.cache_block(block, h(n), (n,))
+        pool.free_blocks([block])
+        pool.get_new_blocks(2)  # evicts it
+        pool.free_blocks([pool.blocks[0], pool.blocks[1]])
+    assert list(pool.evicted_hashes) == [h(2), h(3)]
+
+
+def test_uncached_blocks_can_go_to_the_head_of_the_free_queue():
+    pool = BlockPool(4)
+    a, b, c = pool.get_new_blocks(3)
+    pool.cache_block(a, h(1), (1,))
+    pool.free_blocks([a, b, c], uncached_first=True)
+    # b, c hold nothing cacheable: handed out first, before block 3 and the cached block 0.
+    assert pool.free_queue.block_ids() == [2, 1, 3, 0]

@@ -102,3 +102,49 @@ def test_request_that_never_fits_alone_is_preempted_not_crashed():
     run_step(scheduler, out)
     out = scheduler.schedule()
     assert out.scheduled == [] and out.preempted_ids == ["a"]
+
+
+def drive_to_completion(scheduler: Scheduler, requests: list[Request], max_steps=2000) -> int:
+    """Run the schedule → step loop until every request has its tokens; returns the steps."""
+    for r in requests:
+        scheduler.add_request(r)
+    steps = 0
+    while scheduler.has_unfinished():
+        steps += 1
+        assert steps < max_steps, "no progress"
+        out = scheduler.schedule()
+        run_step(scheduler, out, token=steps % 50)
+        for r in list(scheduler.running):
+            if len(r.output_token_ids) >= r.sampling_params.max_tokens:
+                scheduler.finish(r, RequestStatus.FINISHED_LENGTH)
+    return steps
+
+
+def test_two_kv_groups_survive_pressure_on_either_pool():
+    import random
+
+    rng = random.Random(7)
+    head = list(range(1000, 1040))
+    for num_blocks, num_sliding_blocks in [(40, 6), (14, 40)]:
+        manager = KVCacheManager(
+            num_blocks,
+            BLOCK,
+            True,
+            model_fingerprint="test",
+            sliding_window=8,
+            retention_interval=8,
+            num_sliding_blocks=num_sliding_blocks,
+        )
+        scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=12)
+        requests = [
+            Request(str(i), head[: rng.randrange(4, 40)] + [i] * rng.randrange(1, 12),
+                    SamplingParams(max_tokens=rng.randrange(1, 10)))
+            for i in range(12)
+        ]  # fmt: skip
+        drive_to_completion(scheduler, requests)
+        assert all(len(r.output_token_ids) == r.sampling_params.max_tokens for r in requests)
+        assert all(r.metrics().num_cached_tokens % BLOCK == 0 for r in requests)
+        # Nothing held once all are done: every block is back in its free queue.
+        assert manager.block_pool.num_free_blocks == num_blocks
+        assert manager.sliding.block_pool.num_free_blocks == num_sliding_blocks
+        assert scheduler.num_preemptions > 0

@@ -89,7 +89,8 @@ def test_add_special_tokens_adds_bos_only_when_the_gguf_asks(tiny: Tokenizer) ->
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"tokenizer.ggml.model": "llama"}, "unsupported tokenizer.ggml.model 'llama'"),
+        ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer.ggml.model 't5'"),
+        ({"tokenizer.ggml.model": "llama"}, "(SentencePiece) is supported for"),
         ({"tokenizer.ggml.model": None}, "unsupported tokenizer.ggml.model None"),
         ({"tokenizer.ggml.pre": "qwen2"}, "unsupported tokenizer.ggml.pre 'qwen2'"),
         ({"tokenizer.ggml.merges": []}, "lacks tokenizer.ggml.merges"),

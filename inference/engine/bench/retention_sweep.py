@@ -1,0 +1,206 @@
+"""`--retention-interval 4096,2048,1024,dense`: one shared-head workload under several retention
+policies, each on a fresh engine, plus prefix caching off as the baseline, in one run.
+
+The talk measured its reuse on a prompt head of an exact size (2,247 or 3,362 tokens shared by
+every decision). To share exactly `head_tokens`, each request's rendered town prompt gets a
+token of its own inserted at that position (a distinct word per request): every pair of prompts
+then agrees on exactly the first `head_tokens` tokens. The first request runs alone (it fills
+the cache, like a tick's first decision); the others follow, `concurrency` at a time. Reuse and
+lost tokens are reported per request over those later requests: the steady state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inference.engine import LLMEngine, RequestMetrics, SamplingParams
+from inference.engine.bench.workload import Workload, chat_tokenizer_for
+
+# One token each in the tokenizers we ship; the first token of each must differ.
+_MARKER_WORDS = [
+    " apple", " river", " cloud", " stone", " maple", " tiger", " ocean", " candle", " garden",
+    " silver", " forest", " window", " letter", " bridge", " autumn", " planet", " violin",
+    " harbor", " lantern", " meadow", " pepper", " rocket", " saddle", " tunnel",
+]  # fmt: skip
+BYTES_PER_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalRun:
+    label: str  # "4096", "dense", "prompt-end", or "off" (prefix caching off)
+    interval: int | None
+    enable_prefix_caching: bool
+    metrics: list[RequestMetrics]  # per request, in submission order
+    wall_s: float
+    num_checkpoints: int
+    checkpoint_memory_bytes: int
+
+    def summary(self) -> dict[str, float]:
+        later = self.metrics[1:] or self.metrics
+
+        def mean(field: str) -> float:
+            return statistics.fmean(getattr(m, field) for m in later)
+
+        prompt = sum(m.num_prompt_tokens for m in self.metrics)
+        return {
+            "token_hit_rate": sum(m.num_cached_tokens for m in self.metrics) / prompt,
+            "reused": mean("num_cached_tokens"),
+            "lost_to_retention": mean("num_lost_to_retention"),
+            "lost_to_alignment": mean("num_lost_to_alignment"),
+            "lost_to_eviction": mean("num_lost_to_eviction"),
+            "cold": mean("num_cold_tokens"),
+            "mean_prefill_s": mean("prefill_s"),
+            "mean_prompt_tokens": mean("num_prompt_tokens"),
+            "checkpoint_memory_mib": self.checkpoint_memory_bytes / BYTES_PER_MIB,
+            "num_checkpoints": self.num_checkpoints,
+            "wall_s": self.wall_s,
+        }
+
+
+def parse_intervals(text: str) -> list[int | None]:
+    """'4096,2048,dense,prompt-end' → [4096, 2048, None, 0]; ValueError on anything else."""
+    intervals: list[int | None] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part in ("dense", "none"):
+            intervals.append(None)
+        elif part == "prompt-end":
+            intervals.append(0)
+        elif part.isdigit():
+            intervals.append(int(part))
+        else:
+            raise ValueError(
+                f"--retention-interval: {part!r} is not a number of tokens, 'dense' or 'prompt-end'"
+            )
+    if not intervals:
+        raise ValueError("--retention-interval needs at least one value")
+    return intervals
+
+
+def label_of(interval: int | None) -> str:
+    return "dense" if interval is None else "prompt-end" if interval == 0 else str(interval)
+
+
+def exact_head_prompts(tokenizer, workload: Workload, head_tokens: int) -> list[list[int]]:
+    """The workload's prompts as token ids, sharing exactly `head_tokens` tokens pairwise."""
+    chat = chat_tokenizer_for(tokenizer)
+    prompts = [chat.apply_chat_template(messages) for messages in workload.requests]
+    if workload.num_shared_prefix_tokens < head_tokens:
+        raise ValueError(
+            f"the workload's prompts share only {workload.num_shared_prefix_tokens} tokens, "
+            f"fewer than the head of {head_tokens} asked for"
+        )
+    markers = list(dict.fromkeys(tokenizer.encode(word)[0] for word in _MARKER_WORDS))
+    if len(prompts) > len(markers):
+        raise ValueError(f"at most {len(markers)} requests in a retention sweep")
+    return [[*p[:head_tokens], markers[i], *p[head_tokens:]] for i, p in enumerate(prompts)]
+
+
+def run_interval(
+    engine: LLMEngine,
+    label: str,
+    interval: int | None,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    concurrency: int,
+) -> IntervalRun:
+    """The first prompt alone, then the rest `concurrency` at a time, on a fresh engine."""
+    # A one-token prompt fills no block: it warms the model and the grammar, caches nothing.
+    engine.generate("Hi", dataclasses.replace(params, max_tokens=2))
+    start = time.perf_counter()
+    outputs = engine.generate(prompts[0], params)
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-worker") as pool:
+        outputs += list(pool.map(lambda p: engine.generate(p, params)[0], prompts[1:]))
+    wall_s = time.perf_counter() - start
+    stats = engine.stats()
+    return IntervalRun(
+        label=label,
+        interval=interval,
+        enable_prefix_caching=engine.config.enable_prefix_caching,
+        metrics=[out.metrics for out in outputs],
+        wall_s=wall_s,
+        num_checkpoints=stats.num_checkpoints,
+        checkpoint_memory_bytes=stats.checkpoint_memory_bytes,
+    )
+
+
+def run_sweep(
+    make_engine: Callable[[bool, int | None], LLMEngine],
+    workload_of: Callable[[LLMEngine], Workload],
+    intervals: list[int | None],
+    *,
+    head_tokens: int,
+    concurrency: int,
+    max_tokens: int,
+    progress: Callable[[str], None] = lambda message: None,
+) -> tuple[list[IntervalRun], Workload]:
+    """Prefix caching off, then each interval; a fresh engine each. The workload is built with
+    the first engine's tokenizer."""
+    runs: list[IntervalRun] = []
+    workload: Workload | None = None
+    prompts: list[list[int]] = []
+    for caching, interval in [(False, None), *((True, i) for i in intervals)]:
+        label = label_of(interval) if caching else "off"
+        progress(f"{label}: loading a fresh engine")
+        engine = make_engine(caching, interval)
+        try:
+            if workload is None:
+                workload = workload_of(engine)
+                prompts = exact_head_prompts(engine.tokenizer, workload, head_tokens)
+            params = SamplingParams(
+                max_tokens=max_tokens, temperature=0.0, json_schema=workload.schema
+            )
+            progress(f"{label}: {len(prompts)} requests")
+            runs.append(run_interval(engine, label, interval, prompts, params, concurrency))
+        finally:
+            engine.shutdown()
+        progress(f"{label}: done in {runs[-1].wall_s:.1f} s")
+    assert workload is not None
+    return runs, workload
+
+
+_ROWS = [
+    ("token cache hit rate (all requests)", "token_hit_rate", "{:.1%}"),
+    ("reused tokens / request", "reused", "{:.0f}"),
+    ("lost to retention / request", "lost_to_retention", "{:.0f}"),
+    ("lost to alignment / request", "lost_to_alignment", "{:.0f}"),
+    ("lost to eviction / request", "lost_to_eviction", "{:.0f}"),
+    ("cold tokens / request", "cold", "{:.0f}"),
+    ("mean prompt tokens", "mean_prompt_tokens", "{:.0f}"),
+    ("mean prefill (s)", "mean_prefill_s", "{:.2f}"),
+    ("checkpoint memory (MiB)", "checkpoint_memory_mib", "{:.1f}"),
+    ("checkpoints kept", "num_checkpoints", "{}"),
+    ("wall time (s)", "wall_s", "{:.1f}"),
+]
+
+
+def format_sweep(runs: list[IntervalRun]) -> str:
+    """One column per policy; per-request numbers are over the requests after the first."""
+    summaries = [run.summary() for run in runs]
+    lines = [
+        "| retention interval | " + " | ".join(run.label for run in runs) + " |",
+        "|---" * (len(runs) + 1) + "|",
+    ]
+    for label, key, fmt in _ROWS:
+        lines.append(f"| {label} | " + " | ".join(fmt.format(s[key]) for s in summaries) + " |")
+    off = next((s for run, s in zip(runs, summaries, strict=True) if run.label == "off"), None)
+    if off and off["mean_prefill_s"] > 0:
+        ratios = [s["mean_prefill_s"] / off["mean_prefill_s"] for s in summaries]
+        lines.append("| prefill / off | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+    return "\n".join(lines)
+
+
+def sweep_json(runs: list[IntervalRun]) -> dict[str, dict]:
+    return {
+        run.label: {
+            **run.summary(),
+            "interval": run.interval,
+            "enable_prefix_caching": run.enable_prefix_caching,
+            "per_request": [dataclasses.asdict(m) for m in run.metrics],
+        }
+        for run in runs
+    }

@@ -1,0 +1,56 @@
+"""Retention policy: at which positions the sliding-window state is kept as a checkpoint.
+
+vLLM's `--prefix-cache-retention-interval`, with its meaning: None keeps a checkpoint at every
+block boundary (dense), 0 only where each prompt ends (rounded down to a full block), N > 0 at
+multiples of N. A later request can resume a hybrid model only at a checkpoint, so its reuse
+rounds down to this grid. Declared breakpoints and detected junctions (issue 4) are more
+positions returned from `checkpoint_positions`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.engine.request import Request
+
+
+def check_retention_interval(interval: int | None, block_size: int) -> None:
+    """ValueError unless `interval` is None, 0, or a positive multiple of `block_size`."""
+    if interval is None:
+        return
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        raise ValueError(
+            f"retention_interval must be None (dense), 0 (prompt end) or a positive multiple of "
+            f"block_size ({block_size}), got {interval!r}"
+        )
+    if interval % block_size:
+        nearest = max(interval // block_size, 1) * block_size
+        raise ValueError(
+            f"retention_interval ({interval}) must be a multiple of block_size ({block_size}): "
+            f"checkpoints sit on block boundaries; try {nearest}"
+        )
+
+
+class RetentionPolicy:
+    def __init__(self, interval: int | None, block_size: int) -> None:
+        check_retention_interval(interval, block_size)
+        self.interval = interval
+        self.block_size = block_size
+
+    def describe(self) -> str:
+        if self.interval is None:
+            return "dense"
+        return "prompt end" if self.interval == 0 else f"every {self.interval} tokens"
+
+    def checkpoint_positions(self, request: Request, start: int, end: int) -> list[int]:
+        """Positions P in (start, end], multiples of the block size, where a checkpoint of the
+        window ending at P is kept once tokens [0, P) are computed."""
+        if end <= start:
+            return []
+        if self.interval == 0:
+            prompt_end = request.num_prompt_tokens // self.block_size * self.block_size
+            return [prompt_end] if start < prompt_end <= end else []
+        step = self.interval or self.block_size
+        first = (start // step + 1) * step
+        return list(range(first, end + 1, step))
