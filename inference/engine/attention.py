@@ -223,6 +223,8 @@ def paged_attention(
             shared_parts[i] = (o[:, :, rows], lse[:, :, rows])
 
     for index, span in enumerate(meta.spans):
+        # Without a window every key counts: the listed context must start at position 0.
+        assert span.cached_start == (meta.shared.num_slots if index in shared_parts else 0)
         rows = slice(span.query_start, span.query_start + span.query_len)
         parts = []
         if span.query_len > 1:

@@ -26,7 +26,8 @@ class EngineConfig:
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
     # multiples of N (a multiple of block_size). Reuse rounds down to this grid.
     retention_interval: int | None = None
-    # KV memory: an explicit block count wins over the byte budget.
+    # KV memory: an explicit block count wins over the byte budget. A sliding-window model's two
+    # KV groups get the same number of blocks (the budget is split by layer count).
     kv_cache_memory_bytes: int = 1 << 30
     num_kv_blocks: int | None = None
     max_num_seqs: int = 8

@@ -27,6 +27,12 @@ def extra_keys(model_fingerprint: str, cache_salt: str | None) -> bytes:
     return f"{model_fingerprint}\x1f{salt}".encode()
 
 
+def root_hash(extra: bytes) -> BlockHash:
+    """The parent key of a request's first block in the children index: one per model and salt,
+    so first blocks of other tenants are never compared with this request's tokens."""
+    return hash_block_tokens(None, (), extra)
+
+
 def hash_request_blocks(
     token_ids: list[int],
     block_size: int,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inference.engine.block_pool import BlockPool, KVCacheBlock
-from inference.engine.hashing import extra_keys, hash_request_blocks
+from inference.engine.hashing import BlockHash, extra_keys, hash_request_blocks, root_hash
 from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
@@ -78,6 +78,7 @@ class KVCacheManager:
                 sliding_window,
                 RetentionPolicy(retention_interval, block_size),
                 enable_caching,
+                self.parent_hash,
             )
 
     def usage(self) -> float:
@@ -158,11 +159,16 @@ class KVCacheManager:
 
     def _update_hashes(self, request: Request) -> None:
         request.block_hashes = hash_request_blocks(
-            request.all_token_ids,
-            self.block_size,
-            extra_keys(self.model_fingerprint, request.sampling_params.cache_salt),
-            request.block_hashes,
+            request.all_token_ids, self.block_size, self._extra(request), request.block_hashes
         )
+
+    def _extra(self, request: Request) -> bytes:
+        return extra_keys(self.model_fingerprint, request.sampling_params.cache_salt)
+
+    def parent_hash(self, request: Request, index: int) -> BlockHash:
+        """Block `index`'s key in the children index: the chain hash before it, or the root of
+        the request's model and salt for the first block."""
+        return request.block_hashes[index - 1] if index else root_hash(self._extra(request))
 
     def _live_chain(self, request: Request) -> list[KVCacheBlock]:
         """Cached full-group blocks that start the request's tokens, as far as they go."""
@@ -197,7 +203,7 @@ class KVCacheManager:
             evicted_upto = index * size
         else:
             tail = tokens[matched : matched + size]
-            parent = chain[-1].block_hash if chain else None
+            parent = chain[-1].block_hash if chain else root_hash(self._extra(request))
             for child in self.block_pool.cached_children(parent):
                 common = 0
                 while common < len(tail) and child.token_ids[common] == tail[common]:
@@ -228,6 +234,6 @@ class KVCacheManager:
                 blocks[index],
                 request.block_hashes[index],
                 tuple(tokens[start : start + self.block_size]),
-                request.block_hashes[index - 1] if index else None,
+                self.parent_hash(request, index),
             )
         self.num_cached_blocks[request.request_id] = num_full

@@ -16,6 +16,7 @@ queue, reused at once. The record, not the accidental presence of blocks, makes 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inference.engine.block_pool import BlockPool, KVCacheBlock
@@ -48,9 +49,11 @@ class SlidingWindowManager:
         window: int,
         policy: RetentionPolicy,
         enable_caching: bool,
+        parent_hash: Callable[[Request, int], BlockHash],
         max_checkpoints: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.parent_hash = parent_hash  # a block's key in the children index (as the full group)
         self.window = window
         self.policy = policy
         self.enable_caching = enable_caching
@@ -173,7 +176,7 @@ class SlidingWindowManager:
                     block,
                     request.block_hashes[index],
                     tuple(tokens[index * size : (index + 1) * size]),
-                    request.block_hashes[index - 1] if index else None,
+                    self.parent_hash(request, index),
                 )
             self.num_hashed[rid] = max(self.num_hashed[rid], last)
             self.checkpoints[request.block_hashes[last - 1]] = position

@@ -127,11 +127,8 @@ def _apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> 
 class Gemma3Attention(nn.Module):
     def __init__(self, cfg: Gemma3Config, layer_type: str) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.eps = cfg.rms_norm_eps

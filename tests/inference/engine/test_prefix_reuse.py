@@ -91,3 +91,16 @@ def test_engine_metrics_carry_the_accounting(tiny_engine):
     assert after.num_lost_to_alignment - before.num_lost_to_alignment == 2
     assert after.num_cold_tokens - before.num_cold_tokens == 4
     assert after.prefix_cache_hits - before.prefix_cache_hits == 48
+
+
+def test_another_tenants_blocks_are_cold_not_alignment():
+    manager = KVCacheManager(32, 4, True, "test")
+    a = Request("a", list(range(12)), SamplingParams(cache_salt="tenant-1"))
+    hits, _ = manager.get_computed_blocks(a)
+    manager.allocate_slots(a, 12, hits)
+    b = Request("b", [0, 1, 2, 9, 9], SamplingParams(cache_salt="tenant-2"))
+    hits, _ = manager.get_computed_blocks(b)
+    assert buckets(hits.reuse) == (0, 0, 0, 0, 5)
+    c = Request("c", [0, 1, 2, 9, 9], SamplingParams(cache_salt="tenant-1"))
+    hits, _ = manager.get_computed_blocks(c)
+    assert buckets(hits.reuse) == (0, 0, 3, 0, 2)
