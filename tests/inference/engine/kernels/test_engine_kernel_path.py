@@ -5,20 +5,27 @@ import random
 import uuid
 from collections import Counter
 
+import pytest
+
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.kernels import dispatch
+from inference.engine.models import TINY_OVERRIDES
 
 
-def _engine(backend: str) -> LLMEngine:
+def _engine(backend: str, model: str) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
-            model="smollm2-tiny-random", num_kv_blocks=64, max_num_batched_tokens=48,
+            model=model, num_kv_blocks=64, max_num_batched_tokens=48,
             max_num_seqs=4, attention_backend=backend,
         )
     )  # fmt: skip
 
 
-def test_kernel_path_gives_the_torch_paths_greedy_tokens(seed, monkeypatch):
+@pytest.mark.parametrize("model", ["smollm2-tiny-random", "gemma3-tiny-random"])
+def test_kernel_path_gives_the_torch_paths_greedy_tokens(model, seed, monkeypatch):
+    # A window of 32 tokens (two blocks) instead of 512, so that these short prompts already
+    # run past it: sliding layers then read window tables that start at a later block.
+    monkeypatch.setitem(TINY_OVERRIDES["gemma3"], "sliding_window", 32)
     calls = Counter()
     real_attend = dispatch.attend
 
@@ -26,6 +33,10 @@ def test_kernel_path_gives_the_torch_paths_greedy_tokens(seed, monkeypatch):
         calls["decode"] += meta.decode is not None
         calls["prefill"] += meta.prefill is not None
         calls["mixed"] += meta.decode is not None and meta.prefill is not None
+        calls["window tables"] += any(
+            b is not None and b.first_blocks is not None and int(b.first_blocks.max()) > 0
+            for b in (meta.decode, meta.prefill)
+        )
         return real_attend(q, k_cache, v_cache, meta, scale, window)
 
     monkeypatch.setattr(dispatch, "attend", counting_attend)
@@ -39,7 +50,7 @@ def test_kernel_path_gives_the_torch_paths_greedy_tokens(seed, monkeypatch):
     )
     outputs = {}
     for backend in ("torch", "triton"):
-        engine = _engine(backend)
+        engine = _engine(backend, model)
         try:
             assert engine.runner.use_kernels == (backend == "triton")
             first = engine.generate(prompts[0], params)  # fills the cache with the head
@@ -51,3 +62,4 @@ def test_kernel_path_gives_the_torch_paths_greedy_tokens(seed, monkeypatch):
         assert all(n >= 32 for n in cached), cached  # two 16-token blocks of the head reused
     assert outputs["triton"] == outputs["torch"]
     assert min(calls["decode"], calls["prefill"], calls["mixed"]) > 0, calls
+    assert (calls["window tables"] > 0) == (model == "gemma3-tiny-random"), calls
