@@ -16,11 +16,15 @@ context starts (a sliding layer's cache may hold only the window's blocks).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from inference.engine.sliding_attention import windowed_attention
+
+if TYPE_CHECKING:
+    from inference.engine.kernels.metadata import KernelMetadata
 
 # Runs shorter than this are gathered together instead of getting an attention call each.
 MIN_VIEW_SLOTS = 64
@@ -63,6 +67,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     spans: list[SequenceSpan]
     shared: SharedPrefix | None = None
+    # Set on the kernel path (CUDA, or forced on CPU under the interpreter): block tables and
+    # lengths for the triton kernels; spans and shared are then left empty.
+    kernel: KernelMetadata | None = None
     # Sliding-window layers' own metadata when their cache is a separate (window-sized) group;
     # None: they read the same slots as full layers and the window is applied by mask alone.
     sliding: AttentionMetadata | None = None
@@ -163,8 +170,17 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    *,
+    use_kernel: bool = False,
 ) -> None:
-    """Scatter the step's keys/values (T, n_kv_heads, head_dim) into their slots."""
+    """Scatter the step's keys/values (T, n_kv_heads, head_dim) into their slots.
+
+    On CUDA (or when asked) the store_kv kernel does it: it also skips padded slots (-1)."""
+    if use_kernel or slots.is_cuda:
+        from inference.engine.kernels.store_kv import store_kv
+
+        store_kv(k, v, k_cache, v_cache, slots)
+        return
     k_cache.index_copy_(0, slots, k)
     v_cache.index_copy_(0, slots, v)
 
@@ -179,6 +195,10 @@ def paged_attention(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
+    if meta.kernel is not None:
+        from inference.engine.kernels.dispatch import attend
+
+        return attend(q, k_cache, v_cache, meta.kernel, scale, window)
     if window is not None:
         return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)

@@ -12,6 +12,8 @@ from inference.engine.model_files import known_model_names
 from inference.engine.retention import check_retention_interval
 
 _DEVICES = ("cpu", "cuda")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(slots=True)
@@ -34,6 +36,13 @@ class EngineConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
+    # Weights and KV cache. "auto": float32 on CPU (no fast bf16 there), bfloat16 on CUDA.
+    dtype: str = "auto"
+    # "auto": the triton kernels on CUDA, the torch path on CPU. "triton" on CPU runs the kernels
+    # under triton's interpreter (TRITON_INTERPRET=1 before triton is imported): for tests.
+    attention_backend: str = "auto"
+    # Decode steps replayed from CUDA graphs (batch sizes 1, 2, 4, ... 64); CUDA + triton only.
+    enable_cuda_graphs: bool = True
     # JSON-schema output: append the tokens the grammar forces without a model step of their own.
     enable_jump_forward: bool = True
 
@@ -62,3 +71,23 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
+        self._resolve_dtype_and_backend()
+
+    def _resolve_dtype_and_backend(self) -> None:
+        on_cuda = self.device.startswith("cuda")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if on_cuda else "float32"
+        if not on_cuda and self.dtype != "float32":
+            raise ValueError(
+                f"dtype {self.dtype!r} needs device='cuda': this CPU path runs float32 only "
+                "(half-precision matmuls are ~500× slower than float32 on these CPUs)"
+            )
+        if self.attention_backend not in _ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {_ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
+        if self.attention_backend == "auto":
+            self.attention_backend = "triton" if on_cuda else "torch"

@@ -62,7 +62,10 @@ class LLMEngine:
         loaded = load_model(config.model, self.device, config.seed)
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+        dtype = getattr(torch, config.dtype)
+        # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
         bytes_per_block = config.block_size * loaded.config.kv_bytes_per_token
+        bytes_per_block = bytes_per_block * dtype.itemsize // 4
         self.num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // bytes_per_block
         if self.num_blocks < 2:
             raise ValueError(
@@ -87,7 +90,15 @@ class LLMEngine:
         )
         self.structured = StructuredOutputManager(self.tokenizer, loaded.config.vocab_size)
         self.runner = ModelRunner(
-            loaded, self.num_blocks, config.block_size, self.device, self.structured
+            loaded,
+            self.num_blocks,
+            config.block_size,
+            self.device,
+            self.structured,
+            dtype=dtype,
+            use_kernels=config.attention_backend == "triton",
+            cuda_graph_max_len=self.max_model_len if config.enable_cuda_graphs else None,
+            max_num_seqs=config.max_num_seqs,
         )
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)

@@ -1,9 +1,13 @@
 """ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
 
-It owns the model and the KV cache tensors; the scheduler owns which slots are whose. A
-hybrid model's layers come in two KV groups: full-attention layers index the full group's
+It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
+cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
+head_dim), so copies of slots (copy-on-write, window checkpoints) take one call for all layers.
+A hybrid model's layers come in two KV groups: full-attention layers index the full group's
 slots, sliding-window layers their own (smaller in use, not in size) sliding group's, and get
 their own metadata (`meta.sliding`) listing only the blocks of each request's window.
+On the kernel path (triton: CUDA, or CPU under the interpreter) it builds block tables and
+lengths instead of the torch path's spans, and replays decode steps from CUDA graphs.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
+from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.sampler import sample
@@ -26,30 +31,52 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         structured: StructuredOutputManager,
+        *,
+        dtype: torch.dtype = torch.float32,
+        use_kernels: bool = False,
+        cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
+        max_num_seqs: int = 1,
     ) -> None:
-        self.model = loaded.model
+        self.model = loaded.model.to(dtype)
         self.device = device
         self.block_size = block_size
         self.structured = structured
+        self.use_kernels = use_kernels
+        if use_kernels:
+            from inference.engine.kernels._common import check_device
+
+            check_device(device)  # on CPU: refuses unless the interpreter is on
         cfg = loaded.config
         layer_types = layer_types_of(cfg)
         self.has_sliding = "sliding" in layer_types
+        self.sliding_window = getattr(cfg, "sliding_window", None)
         # One pair of tensors per layer; both groups have num_blocks blocks (see llm_engine).
-        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
-            for _ in layer_types
-        ]
+        num_slots = num_blocks * block_size
+        shape = (len(layer_types), 2, num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.graphs = None
+        # A graph records one set of block tables; sliding-window layers with their own window
+        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
+        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not self.has_sliding:
+            from inference.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
+            self.graphs.capture(self.model, self.kv_caches)
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
+        if self.device.type == "cuda":
+            # Per thread: triton launches on the current device, and this is the loop thread.
+            torch.cuda.set_device(self.device)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
         spans = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
-        shared = self._plan_shared_prefix(output)
+        kernel_spans: list[ScheduledSpan] = []
+        shared = None if self.use_kernels else self._plan_shared_prefix(output)
         for index, scheduled in enumerate(output.scheduled):
             request = scheduled.request
             start = request.num_computed_tokens
@@ -59,6 +86,14 @@ class ModelRunner:
             input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
+            if end == request.num_tokens:
+                sampling.append(request)
+                logits_rows.append(len(input_ids) - 1)
+            if self.use_kernels:
+                kernel_spans.append(
+                    ScheduledSpan(query_start, end - start, start, scheduled.block_ids)
+                )
+                continue
             skip = shared[1] if shared and index in shared[0].span_indices else 0
             spans.append(
                 plan_span(
@@ -71,29 +106,41 @@ class ModelRunner:
                     skip_blocks=skip,
                 )
             )
-            if end == request.num_tokens:
-                sampling.append(request)
-                logits_rows.append(len(input_ids) - 1)
 
-        meta = AttentionMetadata(
-            torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
-        )
-        if self.has_sliding:
-            meta.sliding = self._sliding_metadata(output)
-        logits = self.model(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            self.kv_caches,
-            meta,
-            torch.tensor(logits_rows, dtype=torch.long, device=self.device),
-        )
+        if self.graphs is not None and self.graphs.can_run(kernel_spans, len(sampling)):
+            logits = self.graphs.run(input_ids, positions, slot_mapping, kernel_spans)
+        else:
+            meta = AttentionMetadata(
+                torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
+            )
+            if self.use_kernels:
+                meta.kernel = build_kernel_metadata(kernel_spans, self.block_size, self.device)
+            if self.has_sliding:
+                meta.sliding = self._sliding_metadata(output)
+            logits = self.model(
+                torch.tensor(input_ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                self.kv_caches,
+                meta,
+                torch.tensor(logits_rows, dtype=torch.long, device=self.device),
+            )
         if not sampling:
             return {}
+        logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
         self.structured.apply(logits, [r.grammar for r in sampling])
         tokens = sample(
             logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
         )
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+
+    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Copy KV slots in every layer's K and V at once: the copy-on-write of a partly filled
+        block, or a sliding-window checkpoint saved or restored (the kernel on CUDA)."""
+        from inference.engine.kernels.copy_slots import copy_slots
+
+        cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        copy_slots(cache, src, torch.tensor(dst_slots, dtype=torch.long, device=self.device))
 
     def _plan_shared_prefix(self, output: SchedulerOutput):
         """Leading cached blocks shared by the decoding requests of this step, if any."""
@@ -110,6 +157,7 @@ class ModelRunner:
         size = self.block_size
         slot_mapping: list[int] = []
         spans = []
+        kernel_spans: list[ScheduledSpan] = []
         for scheduled in output.scheduled:
             assert scheduled.window_block_ids is not None, "hybrid model without a window table"
             first, block_ids = scheduled.window_block_ids
@@ -117,6 +165,11 @@ class ModelRunner:
             end = start + scheduled.num_new_tokens
             query_start = len(slot_mapping)
             slot_mapping.extend(self._slots(block_ids, start, end, first))
+            if self.use_kernels:
+                kernel_spans.append(
+                    ScheduledSpan(query_start, end - start, start, block_ids, first_block=first)
+                )
+                continue
             spans.append(
                 plan_span(
                     query_start,
@@ -128,7 +181,12 @@ class ModelRunner:
                     first_position=first * size,
                 )
             )
-        return AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
+        meta = AttentionMetadata(torch.tensor(slot_mapping, device=self.device), spans)
+        if self.use_kernels:
+            meta.kernel = build_kernel_metadata(
+                kernel_spans, size, self.device, window=self.sliding_window
+            )
+        return meta
 
     def _slots(self, block_ids: list[int], start: int, end: int, first: int = 0) -> list[int]:
         """Slot of each position in [start, end); block_ids[0] is block index `first`."""

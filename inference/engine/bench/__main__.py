@@ -152,7 +152,7 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
 
     try:
         runs, workload = run_sweep(
-            lambda caching, interval: _engine(args, caching, interval),
+            lambda caching, interval: _engine(args, caching, retention_interval=interval),
             workload_of,
             args.intervals,
             head_tokens=args.head_tokens,

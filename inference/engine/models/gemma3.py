@@ -152,7 +152,9 @@ class Gemma3Attention(nn.Module):
         # A sliding layer's cache may be its own (window-sized) group with its own metadata.
         if self.is_sliding:
             meta = meta.sliding or meta
-        write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        write_kv(
+            k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, use_kernel=meta.kernel is not None
+        )
         out = paged_attention(
             q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window
         )

@@ -133,7 +133,9 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         # Every sequence's new K/V is written before any attends: a request may reuse
         # blocks that another request in the same step is computing right now.
-        write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        write_kv(
+            k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, use_kernel=meta.kernel is not None
+        )
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

@@ -1,0 +1,163 @@
+"""Paged attention for prefill with a cached prefix: a sequence's new tokens (the last
+query_len of its seq_len positions) attend to every earlier key in the cache and, causally, to
+each other. This step's K/V are stored in the cache first, so all keys are read through the
+block table alike.
+
+Program (sequence, kv head, query tile): GQA folds the kv head's query group into the rows of
+one tile (row r = token r // GROUP, head r % GROUP), so K/V are read once per group. Keys run
+from the tile's earliest visible position (0, or the window's start) to its last query.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inference.engine.kernels._common import (
+    check_device,
+    check_same,
+    check_tensor,
+    dot_precision,
+    next_pow2,
+    upcast_dot,
+)
+from inference.engine.kernels.decode_attention import (
+    LOG2E,
+    NO_WINDOW,
+    check_attention_inputs,
+    check_per_sequence,
+)
+from inference.engine.kernels.reference import paged_attention_reference
+
+BLOCK_M = 64  # query rows (tokens × group heads) per tile
+BLOCK_N = 64  # keys per tile
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, seq_lens_ptr, query_starts_ptr, query_lens_ptr, first_blocks_ptr,
+    scale_log2, window,
+    stride_qt, stride_qh, stride_cs, stride_ch, stride_ot, stride_oh, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_FIRST: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2)
+    first = 0  # the block index of block_tables[seq, 0]
+    if HAS_FIRST:
+        first = tl.load(first_blocks_ptr + seq)
+    query_len = tl.load(query_lens_ptr + seq)
+    if q_tile * BLOCK_Q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    query_start = tl.load(query_starts_ptr + seq).to(tl.int64)
+    r = tl.arange(0, BLOCK_M)
+    token = q_tile * BLOCK_Q + r // GROUP  # within this sequence's queries
+    head = kv_head * GROUP + r % GROUP
+    d = tl.arange(0, BLOCK_D)
+    row_valid = (r < BLOCK_Q * GROUP) & (token < query_len)
+    row_mask = row_valid[:, None] & (d < HEAD_DIM)[None, :]
+    q_pos = seq_len - query_len + token  # absolute position of each row's query
+    q_offsets = (query_start + token)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    first_pos = seq_len - query_len + q_tile * BLOCK_Q
+    key_end = tl.minimum(first_pos + BLOCK_Q, seq_len)  # one past the tile's last query
+    key_start = tl.maximum(first_pos - window + 1, 0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for tile in range(key_start, key_end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_mask = pos < key_end
+        table = block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE - first
+        slot = tl.load(table, mask=pos_mask).to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        kv_offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+        kv_mask = pos_mask[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N)
+        visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        # A row may see no key in a tile (causal or window): keep its max finite for exp2.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows only: every query sees itself
+    out_offsets = (query_start + token)[:, None] * stride_ot + head[:, None] * stride_oh
+    tl.store(out_ptr + out_offsets + d[None, :], acc / l_i[:, None], mask=row_mask)
+
+
+def prefill_attention(
+    q: torch.Tensor,  # (T, n_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_slots, n_kv_heads, head_dim), this step's K/V already stored
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (B, max_blocks) int32/int64
+    seq_lens: torch.Tensor,  # (B,) context length, this step's tokens included
+    query_starts: torch.Tensor,  # (B,) first row of sequence b's queries in q (and out)
+    query_lens: torch.Tensor,  # (B,) its new tokens: positions seq_len - query_len ... seq_len - 1
+    block_size: int,
+    scale: float,
+    *,
+    max_query_len: int,  # an upper bound on query_lens: it sizes the grid
+    window: int | None = None,  # a query at p sees keys in (p - window, p]
+    out: torch.Tensor | None = None,  # rows of other sequences are left untouched
+    first_blocks: torch.Tensor | None = None,  # as in decode_attention
+) -> torch.Tensor:
+    device = q.device
+    check_device(device)
+    num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
+        q, k_cache, v_cache, block_tables, seq_lens, block_size, window
+    )
+    check_per_sequence(
+        ("query_starts", query_starts), ("query_lens", query_lens),
+        ("first_blocks", first_blocks), n=num_seqs, device=device,
+    )  # fmt: skip
+    if max_query_len < 1:
+        raise ValueError(f"max_query_len must be ≥ 1, got {max_query_len}")
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
+        check_same("out", tuple(out.shape), tuple(q.shape), "shape")
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_m = max(BLOCK_M, next_pow2(group))
+    block_q = block_m // group
+    _prefill_kernel[(num_seqs, num_kv_heads, -(-max_query_len // block_q))](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_starts, query_lens,
+        seq_lens if first_blocks is None else first_blocks, scale * LOG2E, window or NO_WINDOW,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_N=BLOCK_N,
+        HAS_FIRST=first_blocks is not None,
+        UPCAST=upcast_dot(q.dtype, device), PRECISION=dot_precision(q.dtype),
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out
+
+
+def prefill_attention_reference(
+    q, k_cache, v_cache, block_tables, seq_lens, query_starts, query_lens, block_size, scale,
+    *, window=None, first_blocks=None,
+) -> torch.Tensor:  # fmt: skip
+    return paged_attention_reference(
+        q, k_cache, v_cache, block_tables, seq_lens, query_starts, query_lens, block_size,
+        scale, window, first_blocks,
+    )  # fmt: skip

@@ -1,0 +1,45 @@
+"""The torch reference both attention kernels are tested against: for each sequence, gather its
+context from the paged cache through its block table and run plain SDPA in fp32 with the causal
+and sliding-window mask written out. Slow and obvious on purpose."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def paged_attention_reference(
+    q: torch.Tensor,  # (T, n_heads, head_dim)
+    k_cache: torch.Tensor,  # (num_slots, n_kv_heads, head_dim)
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (B, max_blocks)
+    seq_lens: torch.Tensor,  # (B,) context length, this step's tokens included
+    query_starts: torch.Tensor,  # (B,) first row of each sequence's queries in q
+    query_lens: torch.Tensor,  # (B,) the queries are the sequence's last query_len positions
+    block_size: int,
+    scale: float,
+    window: int | None = None,  # a query at p sees keys in (p - window, p]
+    first_blocks: torch.Tensor | None = None,  # (B,) block index of each table's first entry
+) -> torch.Tensor:
+    out = torch.zeros_like(q)
+    for b in range(block_tables.shape[0]):
+        seq_len, q_start, q_len = int(seq_lens[b]), int(query_starts[b]), int(query_lens[b])
+        if q_len == 0:
+            continue
+        first = 0 if first_blocks is None else int(first_blocks[b])
+        # Only the positions the table lists (from its first block on) exist in the cache.
+        pos = torch.arange(first * block_size, seq_len, device=q.device)
+        table = block_tables[b].long()
+        slots = table[pos // block_size - first] * block_size + pos % block_size
+        k_ctx = k_cache[slots].float().transpose(0, 1).unsqueeze(0)  # (1, KVH, n, D)
+        v_ctx = v_cache[slots].float().transpose(0, 1).unsqueeze(0)
+        qs = q[q_start : q_start + q_len].float().transpose(0, 1).unsqueeze(0)  # (1, H, q_len, D)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        keep = pos[None, :] <= q_pos  # (q_len, n)
+        if window is not None:
+            keep &= pos[None, :] > q_pos - window
+        o = F.scaled_dot_product_attention(
+            qs, k_ctx, v_ctx, attn_mask=keep, scale=scale, enable_gqa=True
+        )  # (1, H, q_len, D)
+        out[q_start : q_start + q_len] = o[0].transpose(0, 1).to(q.dtype)
+    return out

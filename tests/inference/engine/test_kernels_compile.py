@@ -1,0 +1,78 @@
+"""The kernels compile for an H100/H200 (sm_90) on this CPU-only machine: triton's compiler and
+ptxas run without a GPU. The interpreter checks what the kernels compute; this checks what it
+cannot: that the compiler accepts them (types merged across branches, dot shapes, casts) in the
+configurations the launchers use for SmolLM2 and Gemma 3 in bf16/fp16 and for fp32."""
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from inference.engine.kernels.copy_slots import _copy_slots_kernel
+from inference.engine.kernels.decode_attention import _decode_kernel, _merge_kernel
+from inference.engine.kernels.prefill_attention import _prefill_kernel
+from inference.engine.kernels.store_kv import _store_kv_kernel
+
+pytestmark = pytest.mark.skipif(
+    "nvidia" not in triton.backends.backends, reason="triton without its CUDA backend"
+)
+
+INDEX_POINTERS = ("block_tables_ptr", "seq_lens_ptr", "query_rows_ptr", "query_starts_ptr",
+                  "query_lens_ptr", "slot_mapping_ptr", "src_ptr", "dst_ptr",
+                  "first_blocks_ptr")  # fmt: skip
+DATA_POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_ptr", "cache_ptr")
+# (n_heads, n_kv_heads, head_dim): SmolLM2-135M and Gemma 3 270M
+MODELS = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}
+
+
+def _compile(kernel, dtype: str, constexprs: dict, num_warps: int = 4) -> bytes:
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in DATA_POINTERS:
+            signature[name] = f"*{dtype}"
+        elif name in INDEX_POINTERS:
+            signature[name] = "*i32"
+        elif name in ("part_out_ptr", "part_lse_ptr"):
+            signature[name] = "*fp32"
+        elif name == "scale_log2":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2}
+    )
+    # An H100/H200 SM has 227 KiB of shared memory for one block.
+    assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, compiled.metadata.shared)
+    return compiled.asm["cubin"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("model", MODELS)
+def test_attention_kernels_compile_for_sm90(model, dtype):
+    heads, kv_heads, head_dim = MODELS[model]
+    group = heads // kv_heads
+    common = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_D=head_dim, BLOCK_N=64,
+                  UPCAST=False, PRECISION="tf32")  # fmt: skip
+    # Window tables (first_blocks) on the sliding-window model, whole tables on the other.
+    has_first = model == "gemma3"
+    for split in (True, False):
+        decode = dict(common, NUM_HEADS=heads, PARTITION=512, SPLIT=split, BLOCK_G=16,
+                      HAS_FIRST=has_first)  # fmt: skip
+        assert _compile(_decode_kernel, dtype, decode)
+    merge = dict(NUM_HEADS=heads, HEAD_DIM=head_dim, PARTITION=512, BLOCK_P=8, BLOCK_D=head_dim)
+    assert _compile(_merge_kernel, dtype, merge)
+    prefill = dict(common, BLOCK_M=64, BLOCK_Q=64 // group, HAS_FIRST=has_first)
+    assert _compile(_prefill_kernel, dtype, prefill)
+
+
+def test_fp32_decode_and_the_copy_kernels_compile_for_sm90():
+    decode = dict(NUM_HEADS=9, GROUP=3, HEAD_DIM=64, BLOCK_SIZE=16, PARTITION=512, SPLIT=True,
+                  BLOCK_G=16, BLOCK_D=64, BLOCK_N=64, UPCAST=False, PRECISION="ieee",
+                  HAS_FIRST=False)  # fmt: skip
+    assert _compile(_decode_kernel, "fp32", decode)
+    store = dict(NUM_KV_HEADS=3, HEAD_DIM=64, BLOCK_H=4, BLOCK_D=64)
+    assert _compile(_store_kv_kernel, "bf16", store)
+    assert _compile(_copy_slots_kernel, "bf16", dict(ROW=192, BLOCK=256), num_warps=2)
