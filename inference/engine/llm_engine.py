@@ -49,6 +49,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         loaded = load_model(config.model, self.device, config.seed)
         self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         bytes_per_block = config.block_size * loaded.config.kv_bytes_per_token
         self.num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // bytes_per_block
@@ -106,6 +107,11 @@ class LLMEngine:
                 num_preemptions=self.scheduler.num_preemptions,
                 num_steps=self._num_steps,
             )
+
+    @property
+    def has_sliding_window_layers(self) -> bool:
+        """Whether some layers attend over a window (then the retention interval matters)."""
+        return "sliding" in getattr(self.model_config, "layer_types", ())
 
     def shutdown(self) -> None:
         with self._lock:
