@@ -8,11 +8,13 @@ when first needed: the web server and management commands never load torch or th
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -114,3 +116,18 @@ def engine_is_loaded() -> bool:
 def engine_shutdown() -> None:
     """Stop this process's engine, if one was built; a later engine_get builds a fresh one."""
     _slot.shutdown()
+
+
+@contextlib.contextmanager
+def engine_configured(**overrides: Any) -> Iterator[LLMEngine]:
+    """This process's engine, built afresh with `overrides` on top of INFERENCE_ENGINE, for the
+    duration of the block (the experiment runs each step on its own engine: its own retention
+    interval, an empty cache). Afterwards the engine is shut down and the settings restored."""
+    saved = settings.INFERENCE_ENGINE
+    engine_shutdown()
+    settings.INFERENCE_ENGINE = {**saved, **overrides}
+    try:
+        yield engine_get()
+    finally:
+        engine_shutdown()
+        settings.INFERENCE_ENGINE = saved

@@ -88,6 +88,7 @@ class Resident(models.Model):
 class Run(models.Model):
     class Layout(models.TextChoices):
         NAIVE = "naive"
+        SHARED_RULES = "shared_rules"
         SHARED_HEAD = "shared_head"
         SHARED_HEAD_SCHEMA_ONLY = "shared_head_schema_only"
 
@@ -107,6 +108,11 @@ class Run(models.Model):
         null=True, blank=True, help_text="Prefix-cache retention interval in tokens (None: dense)."
     )
     seed = models.IntegerField(default=0)
+    diary_chars = models.PositiveIntegerField(
+        default=0,
+        help_text="Characters of older diary per resident in each prompt (the experiment scales "
+        "prompts to the talk's proportions with it); 0: none.",
+    )
     temperature = models.FloatField(default=0.0)
     max_tokens = models.PositiveIntegerField(default=160)
     start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")

@@ -3,6 +3,9 @@
 - `naive`: the rules addressed to the resident and mixed with their state, the place list after
   it (annotated per resident: first visit or returning), the output format spelled out in the
   body as well as in the schema. Nothing two residents share comes first.
+- `shared_rules`: the rules, the output format and the list of places (no menus) at the head,
+  the same for every resident; the shops' menus and prices stay in each resident's part, as in
+  `naive` (the talk's steps 2–3, before the shop info moved to the head).
 - `shared_head`: the rules, then the places as one table — the same for every resident in every
   tick — then the tick's situation (clock, what is open, who is where: the same for every
   resident in this tick), then the resident. Each shared message carries `"cache": True`: a
@@ -24,7 +27,7 @@ from town.actions import action_options
 from town.schema import REASON_MAX_CHARS, decision_schema
 from town.world import PlaceView, ResidentView, World
 
-LAYOUTS = ("naive", "shared_head", "shared_head_schema_only")
+LAYOUTS = ("naive", "shared_rules", "shared_head", "shared_head_schema_only")
 
 _INTRO = (
     "You decide what one resident of Pokomachi (ぽこまち), a small Japanese town, does next. "
@@ -92,13 +95,35 @@ def prompt_build(*, world: World, resident: ResidentView, layout: str) -> Prompt
     schema = decision_schema(options)
     if layout == "naive":
         return Prompt(messages=_naive_messages(world, resident, options), json_schema=schema)
-    with_format = layout == "shared_head"
+    if layout == "shared_rules":
+        head = shared_rules_text(world)
+        tail = resident_text(world, resident, options, shop_info=True)
+    else:
+        head = shared_head_text(world, with_format=layout == "shared_head")
+        tail = resident_text(world, resident, options)
     messages = [
-        {"role": "system", "content": shared_head_text(world, with_format), "cache": True},
+        {"role": "system", "content": head, "cache": True},
         {"role": "system", "content": situation_text(world), "cache": True},
-        {"role": "user", "content": resident_text(world, resident, options)},
+        {"role": "user", "content": tail},
     ]
     return Prompt(messages=messages, json_schema=schema)
+
+
+def shared_rules_text(world: World) -> str:
+    """Rules, output format and the places without their menus: the same for every resident."""
+    places = [
+        f"- {p.name} ({p.name_ja}, {p.kind}): hours {p.hours}, capacity {p.capacity}. "
+        f"{p.description}"
+        for p in world.places
+    ]
+    return "\n\n".join(
+        [
+            _INTRO.format(minutes=world.minutes_per_tick),
+            _RULES,
+            _FORMAT.format(chars=REASON_MAX_CHARS),
+            "Places of the town:\n" + "\n".join(places),
+        ]
+    )
 
 
 def shared_head_text(world: World, with_format: bool) -> str:
@@ -141,17 +166,30 @@ def situation_text(world: World) -> str:
     return "\n".join(lines)
 
 
-def resident_text(world: World, resident: ResidentView, options: dict[str, list[str]]) -> str:
-    """Everything about this one resident, then what they can do now."""
-    return "\n\n".join(
-        [
-            _profile(world, resident),
-            _state(world, resident),
-            _known_places(world, resident),
-            _memories(resident),
-            _options(world, resident, options),
-        ]
+def resident_text(
+    world: World,
+    resident: ResidentView,
+    options: dict[str, list[str]],
+    shop_info: bool = False,
+) -> str:
+    """Everything about this one resident, then what they can do now.
+
+    With `shop_info`, the shops' menus and prices are spelled out here, per resident, with
+    their visit notes (the layouts whose head does not carry the places table)."""
+    places = (
+        "## Places (for you)\n" + _naive_places(world, resident)
+        if shop_info
+        else _known_places(world, resident)
     )
+    sections = [_profile(world, resident), _diary(resident), _state(world, resident), places]
+    sections += [_memories(resident), _options(world, resident, options)]
+    return "\n\n".join(s for s in sections if s)
+
+
+def _diary(resident: ResidentView) -> str:
+    if not resident.diary:
+        return ""
+    return "\n".join([f"## {resident.name}'s diary (older days, oldest first)", *resident.diary])
 
 
 def _profile(world: World, resident: ResidentView) -> str:
@@ -239,8 +277,10 @@ def _naive_messages(
         ]
     )
     user = "\n\n".join(
-        [
+        s
+        for s in [
             _profile(world, resident),
+            _diary(resident),
             _state(world, resident),
             _memories(resident),
             "## Places (for you)\n" + _naive_places(world, resident),
@@ -248,6 +288,7 @@ def _naive_messages(
             _options(world, resident, options),
             _FORMAT.format(chars=REASON_MAX_CHARS),
         ]
+        if s
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

@@ -4,11 +4,13 @@ the talk's summary table for several runs side by side (slide 15), with the diff
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from town.models import Decision, ResidentState, Run
 from town.selectors import RunSummary, run_summary
+from town.services.experiments import Experiment, StepResult
 
 
 def resident_states(*, resident_ids: list[int], run_id: int | None) -> dict[int, ResidentState]:
@@ -135,3 +137,61 @@ def runs_compare(*, runs: list[Run]) -> tuple[list[RunSummary], list[CompareRow]
             )
         )
     return summaries, rows
+
+
+def experiment_table(*, experiment: Experiment) -> str:
+    """The slide-15 table for an experiment's steps, as Markdown, with changes against step 1.
+
+    Without sliding-window layers the retention interval changes nothing: the steps that only
+    change it are marked, so run-to-run noise is not read as an effect."""
+    results = experiment.steps
+    summaries, rows = runs_compare(runs=[r.run for r in results])
+    retention_only = (
+        _retention_only_steps(results) if not experiment.has_sliding_window_layers else set()
+    )
+    heads = [
+        f"step {r.step.number}{' (*)' if r.step.number in retention_only else ''}" for r in results
+    ]
+    lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(results) + 1) + "|"]
+    lines.append("| change | " + " | ".join(r.step.change for r in results) + " |")
+    lines.append("| layout | " + " | ".join(r.step.layout for r in results) + " |")
+    lines.append(
+        "| retention interval | "
+        + " | ".join(
+            f"{r.retention_interval:,}" if r.retention_interval else "dense" for r in results
+        )
+        + " |"
+    )
+    lines.append("| run | " + " | ".join(str(r.run.pk) for r in results) + " |")
+    for row in rows:
+        cells = [v if not c else f"{v} ({c})" for v, c in row.cells]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    lost = [_mean_lost(run=r.run, reason="retention") for r in results]
+    lines.append("| lost to retention, mean | " + " | ".join(f"{v:,.1f}" for v in lost) + " |")
+    valid = [f"{s.num_valid}/{s.num_decisions}" for s in summaries]
+    lines.append("| valid decisions | " + " | ".join(valid) + " |")
+    if retention_only:
+        marked = ", ".join(str(n) for n in sorted(retention_only))
+        lines.append("")
+        lines.append(
+            f"(*) step {marked}: only the retention interval changed, and {experiment.model} has "
+            "no sliding-window layers, so it changes nothing: every full block is reusable at "
+            "any interval. Differences from the step before are run-to-run noise, not an effect."
+        )
+    return "\n".join(lines)
+
+
+def _retention_only_steps(results: list[StepResult]) -> set[int]:
+    return {
+        cur.step.number
+        for prev, cur in itertools.pairwise(results)
+        if cur.step.layout == prev.step.layout
+    }
+
+
+def _mean_lost(*, run: Run, reason: str) -> float:
+    rows = Decision.objects.filter(run=run, num_prompt_tokens__isnull=False).values_list(
+        "lost_tokens", flat=True
+    )
+    values = [int((lost or {}).get(reason, 0)) for lost in rows]
+    return sum(values) / len(values) if values else 0.0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from django.db.models import Q, QuerySet
 
 from town.clock import Clock, clock_at
+from town.diary import diary_lines
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, Tick
 from town.world import MenuItem, PlaceView, ResidentView, World
 
@@ -61,7 +62,9 @@ def world_load(*, run: Run, tick_index: int) -> World:
     ]
     states = {s.resident_id: s for s in ResidentState.objects.filter(run=run)}
     views = []
-    for resident in residents:
+    # A run may take part of the town's residents (the experiment's --residents): the others
+    # are not in its world, but their homes stay theirs.
+    for resident in (r for r in residents if r.id in states):
         state = states[resident.id]
         views.append(
             ResidentView(
@@ -82,13 +85,18 @@ def world_load(*, run: Run, tick_index: int) -> World:
                 memories=_memory_texts(run=run, resident=resident),
             )
         )
-    return World(
+    world = World(
         town_name=run.town.name,
         clock=run_clock(run=run, tick_index=tick_index),
         minutes_per_tick=run.minutes_per_tick,
         places=places,
         residents=views,
     )
+    for view in views:
+        view.diary = diary_lines(
+            world=world, resident=view, seed=run.seed, num_chars=run.diary_chars
+        )
+    return world
 
 
 def runs_due() -> QuerySet[Run]:

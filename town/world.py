@@ -66,6 +66,7 @@ class ResidentView:
     energy: int
     visits: dict[int, int]  # place id → times visited
     memories: list[str] = field(default_factory=list)  # recent first
+    diary: list[str] = field(default_factory=list)  # older days, oldest first (town/diary.py)
 
     def snapshot(self) -> dict:
         """The state a Decision keeps: what this resident's prompt saw."""

@@ -61,6 +61,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         loaded = load_model(config.model, self.device, config.seed)
         self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         dtype = getattr(torch, config.dtype)
         # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
@@ -182,6 +183,11 @@ class LLMEngine:
                 num_checkpoint_blocks=num_checkpoint_blocks,
                 checkpoint_memory_bytes=num_checkpoint_blocks * self.sliding_block_bytes,
             )
+
+    @property
+    def has_sliding_window_layers(self) -> bool:
+        """Whether some layers attend over a window (then the retention interval matters)."""
+        return "sliding" in getattr(self.model_config, "layer_types", ())
 
     def shutdown(self) -> None:
         with self._lock:

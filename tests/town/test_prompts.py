@@ -25,7 +25,7 @@ def _tick_prompts(run, tick_index: int = 0):
     ]
 
 
-@pytest.mark.parametrize("layout", ["shared_head", "shared_head_schema_only"])
+@pytest.mark.parametrize("layout", ["shared_rules", "shared_head", "shared_head_schema_only"])
 def test_shared_head_is_the_same_token_sequence_for_every_resident(
     demo_town, smollm2_tokenizer, layout
 ):
@@ -45,9 +45,11 @@ def test_shared_head_is_the_same_token_sequence_for_every_resident(
     assert all(t[:head_len] == heads[0] for t in tokens)
     common = _common_prefix_len(tokens)
     assert head_len <= common < min(len(t) for t in tokens)
-    # Town-shaped prompts: most of each prompt is the shared head.
-    assert head_len >= 500 and all(800 <= len(t) <= 2200 for t in tokens)
-    assert head_len / (sum(map(len, tokens)) / len(tokens)) > 0.6
+    # Town-shaped prompts: most of each prompt is the shared head, once the shops' table is
+    # in it (`shared_rules` keeps the menus per resident: the talk's step before that).
+    assert head_len >= 500 and all(800 <= len(t) <= 3000 for t in tokens)
+    share = head_len / (sum(map(len, tokens)) / len(tokens))
+    assert share > (0.35 if layout == "shared_rules" else 0.6)
     print(
         f"\n{layout}: shared head {head_len} tokens, common prefix {common}, prompts "
         f"{min(map(len, tokens))}..{max(map(len, tokens))} tokens"
@@ -104,4 +106,4 @@ def test_unknown_layout_is_refused(demo_town):
     world = world_load(run=run, tick_index=0)
     with pytest.raises(ValueError, match="unknown prompt layout 'fancy'"):
         prompt_build(world=world, resident=world.residents[0], layout="fancy")
-    assert set(LAYOUTS) == {"naive", "shared_head", "shared_head_schema_only"}
+    assert set(LAYOUTS) == {"naive", "shared_rules", "shared_head", "shared_head_schema_only"}

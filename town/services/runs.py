@@ -48,8 +48,13 @@ def run_create(
     minutes_per_tick: int = 120,
     decision_timeout_s: float | None = None,
     model: str | None = None,
+    num_residents: int | None = None,
+    diary_chars: int = 0,
 ) -> Run:
-    """A new run of `town`, every resident at home with their starting state."""
+    """A new run of `town`, every resident at home with their starting state.
+
+    `num_residents` takes only the town's first N residents (by id) into the run; `diary_chars`
+    gives every prompt that many characters of each resident's older diary."""
     if decision_timeout_s is None:
         decision_timeout_s = default_decision_timeout_s()
     if layout not in LAYOUTS:
@@ -77,6 +82,15 @@ def run_create(
     residents = list(Resident.objects.filter(town=town).order_by("id"))
     if not residents:
         raise TownError(f"town {town.name!r} has no residents; seed it with seed_town")
+    if num_residents is not None:
+        if not 1 <= num_residents <= len(residents):
+            raise TownError(
+                f"num_residents must be between 1 and the town's {len(residents)} residents, "
+                f"got {num_residents}"
+            )
+        residents = residents[:num_residents]
+    if diary_chars < 0:
+        raise TownError(f"diary_chars must be 0 or more characters, got {diary_chars}")
     run = Run.objects.create(
         town=town,
         layout=layout,
@@ -84,6 +98,7 @@ def run_create(
         nodes=nodes,
         concurrency=concurrency,
         seed=seed,
+        diary_chars=diary_chars,
         ticks_target=ticks_target,
         retention_interval=retention_interval,
         temperature=temperature,
