@@ -157,8 +157,8 @@ class Tokenizer:
         """The prompt text for `messages`, rendered by the model's own chat template."""
         if self._chat_template is None:
             raise ValueError(
-                "this model's GGUF has no tokenizer.chat_template (a base model such as "
-                "gemma3-270m): send the prompt as plain text or token ids, not chat messages"
+                "this model's GGUF has no tokenizer.chat_template and no turn tokens we know: "
+                "send the prompt as plain text or token ids, not chat messages"
             )
         return self._chat_template.render(
             messages=_validated_messages(messages),
@@ -231,8 +231,27 @@ def _special_ids(metadata: dict[str, Any], vocab_size: int) -> dict[str, Any]:
         eos_token_id=_token_id(metadata, "tokenizer.ggml.eos_token_id", vocab_size, required=True),
         add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
         add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
-        chat_template=metadata.get("tokenizer.chat_template"),
+        chat_template=metadata.get("tokenizer.chat_template") or _turn_format_for(metadata),
     )
+
+
+# Gemma's turn format, each message one turn (a system message is a user turn, as Gemma has no
+# system role), so that rendering a prefix of the messages gives a prefix of the tokens: what
+# prefix caching needs. Used only when a GGUF with Gemma's turn tokens has no template of its
+# own (gemma3-270m is a base model).
+GEMMA_TURN_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def _turn_format_for(metadata: dict[str, Any]) -> str | None:
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    if "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+        logger.info("the GGUF has no chat template; chat messages use Gemma's turn format")
+        return GEMMA_TURN_TEMPLATE
+    return None
 
 
 def _required(metadata: dict[str, Any], key: str) -> Any:

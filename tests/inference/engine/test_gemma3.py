@@ -137,9 +137,21 @@ def test_the_window_changes_the_output(tiny_gemma):
     assert not torch.allclose(windowed, unwindowed, atol=1e-4)
 
 
-def test_chat_messages_on_a_model_without_a_template_say_what_to_do(tiny_gemma):
-    with pytest.raises(ValueError, match=r"no tokenizer.chat_template .* plain text"):
-        tiny_gemma.generate([{"role": "user", "content": "hi"}])
+def test_chat_messages_use_gemmas_turn_format_when_the_gguf_has_no_template(tiny_gemma):
+    messages = [
+        {"role": "system", "content": "Rules of the town."},
+        {"role": "user", "content": "Where do you go?"},
+    ]
+    tokenizer = tiny_gemma.tokenizer
+    assert tokenizer.render_chat(messages) == (
+        "<bos><start_of_turn>user\nRules of the town.<end_of_turn>\n"
+        "<start_of_turn>user\nWhere do you go?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    # A prefix of the messages renders to a prefix of the tokens (what prefix caching needs).
+    head = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=False)
+    assert tokenizer.apply_chat_template(messages)[: len(head)] == head
+    out = tiny_gemma.generate(messages, SamplingParams(max_tokens=4, temperature=0.0))[0]
+    assert len(out.token_ids) >= 1
 
 
 def test_sliding_layers_read_their_own_metadata_when_given():

@@ -87,4 +87,6 @@ def test_specials_and_vocabulary(built):
     assert (ours.bos_token_id, ours.eos_token_id) == (2, 1)
     assert ours.encode("<start_of_turn><end_of_turn>") == [105, 106]
     assert ours.vocab_type == "byte_fallback"
-    assert ours.stop_token_ids == {1}  # no chat template, so <end_of_turn> is text, as in HF
+    # No chat template in the GGUF: chat messages use Gemma's turn format, whose turns end
+    # with <end_of_turn> (transformers' generation config for Gemma 3 stops on both too).
+    assert ours.stop_token_ids == {1, 106}
