@@ -164,7 +164,7 @@ def experiment_table(*, experiment: Experiment) -> str:
     )
     lines.append("| run | " + " | ".join(str(r.run.pk) for r in results) + " |")
     for row in rows:
-        cells = [v if not c else f"{v} ({c})" for v, c in row.cells]
+        cells = [v if not c or c.startswith("n/a") else f"{v} ({c})" for v, c in row.cells]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
     lost = [_mean_lost(run=r.run, reason="retention") for r in results]
     lines.append("| lost to retention, mean | " + " | ".join(f"{v:,.1f}" for v in lost) + " |")

@@ -137,3 +137,34 @@ def test_experiment_command_refuses_bad_input(args, message):
     with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call_command("experiment", *args)
     assert Run.objects.count() == 0
+
+
+def test_on_a_sliding_window_model_reuse_follows_the_talks_pattern():
+    """gemma3-tiny-random (window 512, the real tokenizer and layer pattern): no reuse until the
+    retention interval fits under the shared head, then reuse on the interval's grid; our
+    engine's step keeps every block and loses nothing to retention."""
+    town = demo_town_create(seed=0)
+    experiment = experiment_run(
+        town=town, model="gemma3-tiny-random", ticks=2, num_residents=3, seed=0
+    )
+    assert experiment.has_sliding_window_layers
+    print("\n" + experiment.scaling.describe() + "\n" + experiment_table(experiment=experiment))
+    by_step = {r.step.number: r for r in experiment.steps}
+
+    def cached(number: int) -> list[int]:
+        run = by_step[number].run
+        return list(run.decisions.order_by("id").values_list("num_cached_tokens", flat=True))
+
+    def lost_to_retention(number: int) -> int:
+        run = by_step[number].run
+        return sum(
+            d.get("retention", 0) for d in run.decisions.values_list("lost_tokens", flat=True)
+        )
+
+    assert max(cached(1)) < 100  # naive: nothing worth the name is shared
+    assert max(cached(2)) == 0 and lost_to_retention(2) > 0  # interval above the head
+    interval3 = by_step[3].retention_interval
+    assert interval3 in cached(3) and all(c % interval3 == 0 for c in cached(3))
+    assert lost_to_retention(7) == 0
+    assert max(cached(7)) > max(cached(6))
+    assert "(*)" not in experiment_table(experiment=experiment)
