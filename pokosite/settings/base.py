@@ -43,6 +43,20 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: must be a whole number") from None
 
 
+def env_retention_interval(name: str) -> int | None:
+    """Tokens between kept window checkpoints; unset or "dense": one at every block (None)."""
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw in ("", "dense"):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name}={raw!r}: must be a whole number of tokens (a multiple of the block size, "
+            "16), 0 (only at the end of each prompt) or 'dense'"
+        ) from None
+
+
 def env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -193,6 +207,9 @@ CELERY_TASK_DEFAULT_QUEUE = INFERENCE_NODES[0] if INFERENCE_NODES else "celery"
 INFERENCE_ENGINE = {
     "model": os.environ.get("POKOMACHI_MODEL", "smollm2-135m-instruct"),
     "device": os.environ.get("POKOMACHI_DEVICE", "cpu"),
+    # Sliding-window models keep window checkpoints only every N tokens (vLLM's
+    # --prefix-cache-retention-interval); no effect on models without sliding layers.
+    "retention_interval": env_retention_interval("POKOMACHI_RETENTION_INTERVAL"),
 }
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)

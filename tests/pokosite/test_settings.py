@@ -86,7 +86,11 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
     assert dumped["track_started"] is True
     assert dumped["INFERENCE_NODES"] == ["local"]
     assert dumped["default_queue"] == "local"
-    assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-135m-instruct", "device": "cpu"}
+    assert dumped["INFERENCE_ENGINE"] == {
+        "model": "smollm2-135m-instruct",
+        "device": "cpu",
+        "retention_interval": None,  # dense: a window checkpoint at every block
+    }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
 
@@ -103,13 +107,18 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_DEBUG="off",
         POKOMACHI_OPENAI_BASE_URL="http://gpu1:8000/v1",
         POKOMACHI_OPENAI_MODEL="HuggingFaceTB/SmolLM2-135M-Instruct",
+        POKOMACHI_RETENTION_INTERVAL="2048",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
     assert dumped["channel_hosts"] == ["redis://10.0.0.5:6380/2"]
     assert dumped["INFERENCE_NODES"] == ["spark-a", "spark-b"]
     assert dumped["default_queue"] == "spark-a"
-    assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-tiny-random", "device": "cuda:1"}
+    assert dumped["INFERENCE_ENGINE"] == {
+        "model": "smollm2-tiny-random",
+        "device": "cuda:1",
+        "retention_interval": 2048,
+    }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False
     assert dumped["INFERENCE_OPENAI"] == {
@@ -124,6 +133,7 @@ def test_base_reads_the_environment(tmp_path):
     [
         ("POKOMACHI_DEBUG", "maybe", "POKOMACHI_DEBUG='maybe': use one of"),
         ("POKOMACHI_VISIBILITY_TIMEOUT", "soon", "must be a whole number"),
+        ("POKOMACHI_RETENTION_INTERVAL", "2k", "POKOMACHI_RETENTION_INTERVAL='2k': must be a"),
         ("POKOMACHI_STATS_INTERVAL", "often", "POKOMACHI_STATS_INTERVAL='often': must be a"),
         ("POKOMACHI_OPENAI_BASE_URL", "http://gpu1:8000/v1", "POKOMACHI_OPENAI_MODEL is not"),
     ],

@@ -57,6 +57,9 @@ def test_run_create_starts_everyone_at_home():
         ({"nodes": ["nowhere"]}, "unknown inference node 'nowhere'"),
         ({"model": "gpt-9"}, "set POKOMACHI_MODEL=gpt-9"),
         ({"ticks_target": 0}, "ticks_target must be at least 1"),
+        ({"retention_interval": 2048}, "set POKOMACHI_RETENTION_INTERVAL=2048"),
+        ({"num_residents": 99}, "num_residents must be between 1"),
+        ({"diary_chars": -1}, "diary_chars must be 0 or more"),
     ],
 )
 def test_run_create_refuses_bad_input(fields, message):
@@ -116,3 +119,10 @@ def test_tick_loop_starts_a_first_run_only_on_a_fresh_database():
     command.first_run_start()
     (run,) = Run.objects.all()
     assert run.town == town and run.status == Run.Status.RUNNING and run.layout == "shared_head"
+
+
+def test_a_run_records_the_retention_interval_its_engines_use(settings):
+    settings.INFERENCE_ENGINE = {**settings.INFERENCE_ENGINE, "retention_interval": 1024}
+    town = small_town_factory()
+    assert run_factory(town=town).retention_interval == 1024
+    assert run_factory(town=town, retention_interval=1024).retention_interval == 1024

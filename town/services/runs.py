@@ -27,6 +27,11 @@ def served_model() -> str:
     return completion_model()
 
 
+def served_retention_interval() -> int | None:
+    """The retention interval the nodes' engines use (env POKOMACHI_RETENTION_INTERVAL)."""
+    return settings.INFERENCE_ENGINE.get("retention_interval")
+
+
 def default_decision_timeout_s() -> float:
     """Longer than the broker takes to hand a dead worker's decision to another worker (its
     visibility timeout, then a restore sweep), so such a decision is retried, not timed out."""
@@ -74,6 +79,17 @@ def run_create(
         nodes = [node_require(name) for name in nodes]
     except UnknownNodeError as exc:
         raise TownError(str(exc)) from exc
+    served_interval = served_retention_interval()
+    if retention_interval is None:
+        retention_interval = served_interval
+    elif retention_interval != served_interval:
+        served = "dense" if served_interval is None else served_interval
+        raise TownError(
+            f"this deployment's engines use retention interval {served}, not "
+            f"{retention_interval}: set "
+            f"POKOMACHI_RETENTION_INTERVAL={retention_interval} and restart the workers, or leave "
+            "it out (`manage.py experiment` runs each interval on its own engine)"
+        )
     if model is not None and model != served_model():
         raise TownError(
             f"this deployment's nodes serve {served_model()!r}, not {model!r}: set "
