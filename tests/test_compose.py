@@ -284,7 +284,11 @@ def test_the_web_environment_loads_the_production_settings(compose, tmp_path):
 def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
     env = compose["services"]["worker-spark-b"]["environment"]
     dumped = settings_with(env, tmp_path)
-    assert dumped["INFERENCE_ENGINE"] == {"model": "smollm2-135m-instruct", "device": "cuda"}
+    assert dumped["INFERENCE_ENGINE"] == {
+        "model": "smollm2-135m-instruct",
+        "device": "cuda",
+        "retention_interval": None,  # "dense" in the compose file
+    }
 
 
 def test_only_the_tunnel_reaches_the_web_server(compose):
