@@ -3,8 +3,8 @@
 Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
-POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP, CF_ACCESS_* (Cloudflare Access,
-below). The launcher's own: pokosite/launcher.py.
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_DECISION_RESEND_S, POKOMACHI_ENGINE_WARMUP,
+CF_ACCESS_* (Cloudflare Access, below). The launcher's own: pokosite/launcher.py.
 """
 
 from __future__ import annotations
@@ -173,6 +173,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # a dead worker's decision is handed back within ~10 s of its visibility timeout.
     "unacked_restore_throttle": 1,
 }
+
+# A decision no worker has begun this long after it was sent is sent again. The Redis transport
+# takes a message off the queue (BRPOP) before it records it as unacknowledged, so a worker
+# killed in between loses it and the broker never hands it back; a copy of a decision that was
+# only waiting in the queue is dropped when it arrives.
+TOWN_DECISION_RESEND_S = float(os.environ.get("POKOMACHI_DECISION_RESEND_S", "60"))
 
 # Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
 INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])

@@ -1,7 +1,7 @@
 """The town's business logic, as keyword-only services (HackSoft style).
 
-runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, compute,
-time out and apply one resident's decision.
+runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, resend,
+compute, time out and apply one resident's decision.
 """
 
 from town.services.decisions import (
@@ -10,6 +10,8 @@ from town.services.decisions import (
     decision_dispatch,
     decision_fail,
     decision_parse,
+    decision_resend,
+    decision_resend_due,
     decision_time_out,
 )
 from town.services.runs import (
@@ -31,6 +33,8 @@ __all__ = [
     "decision_dispatch",
     "decision_fail",
     "decision_parse",
+    "decision_resend",
+    "decision_resend_due",
     "decision_time_out",
     "run_create",
     "run_lease_release",
