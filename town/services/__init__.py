@@ -15,6 +15,7 @@ from town.services.decisions import (
     decision_time_out,
 )
 from town.services.runs import (
+    RUN_CONTROLS,
     run_create,
     run_lease_release,
     run_lease_take,
@@ -28,6 +29,7 @@ from town.services.runs import (
 from town.services.ticks import tick_begin, tick_finish
 
 __all__ = [
+    "RUN_CONTROLS",
     "decision_apply",
     "decision_compute",
     "decision_dispatch",
