@@ -43,7 +43,10 @@
       this.places = new Map(); // id -> place
       this.residents = new Map(); // id -> figure
       this.selectedId = null;
-      this.stats = { placesDrawn: 0, residentsDrawn: 0, walking: 0, walksStarted: 0 };
+      // What the last frame drew, for the browser test and for debugging.
+      this.stats = {
+        placesDrawn: 0, residentsDrawn: 0, walking: 0, walksStarted: 0, thinkingDrawn: 0,
+      };
       this.resize();
       new ResizeObserver(() => this.resize()).observe(canvas.parentElement);
       canvas.addEventListener("click", (e) => this.click(e));
@@ -145,7 +148,8 @@
       const index = here.indexOf(figure);
       figure.slot = index;
       const perRow = 4;
-      const spacing = Math.max(15, this.buildingSize().w / 3.2);
+      // Wide enough that names two slots apart (same text line) do not run into each other.
+      const spacing = Math.max(19, this.buildingSize().w / 2.6);
       const row = Math.floor(index / perRow);
       const inRow = Math.min(perRow, here.length - row * perRow);
       const col = index % perRow;
@@ -230,11 +234,20 @@
       }
       positions.sort((a, b) => a[1].y - b[1].y);
       for (const [figure, p] of positions) this.drawFigure(ctx, figure, p, now);
+      // Speech bubbles, then the thinking clouds on top: a neighbour's bubble never hides
+      // that someone is thinking.
       for (const [figure, p] of positions) {
-        if (figure.thinking) this.drawThinking(ctx, p, now);
-        else if (figure.bubble) this.drawBubble(ctx, figure, p, now);
+        if (!figure.thinking && figure.bubble) this.drawBubble(ctx, figure, p, now);
       }
-      this.stats = { ...this.stats, placesDrawn, residentsDrawn: positions.length, walking };
+      let thinkingDrawn = 0;
+      for (const [figure, p] of positions) {
+        if (!figure.thinking) continue;
+        this.drawThinking(ctx, figure, p, now);
+        thinkingDrawn += 1;
+      }
+      this.stats = {
+        ...this.stats, placesDrawn, residentsDrawn: positions.length, walking, thinkingDrawn,
+      };
     }
 
     drawGround(ctx) {
@@ -342,25 +355,29 @@
       ctx.restore();
     }
 
-    drawThinking(ctx, p, now) {
-      const y = p.y - 30;
+    // A thought cloud over the head, its dots lighting up in turn, while a decision is out.
+    drawThinking(ctx, figure, p, now) {
+      const cx = p.x + 12;
+      const y = p.y - 36;
       ctx.save();
-      ctx.fillStyle = "rgba(255,255,255,0.95)";
-      ctx.strokeStyle = "#777";
-      ctx.lineWidth = 1;
+      ctx.fillStyle = "rgba(255,255,255,0.97)";
+      ctx.strokeStyle = figure.color;
+      ctx.lineWidth = 1.6;
       ctx.beginPath();
-      ctx.ellipse(p.x + 10, y, 15, 9, 0, 0, 2 * Math.PI);
+      ctx.ellipse(cx, y, 19, 11, 0, 0, 2 * Math.PI);
       ctx.fill();
       ctx.stroke();
-      ctx.beginPath();
-      ctx.arc(p.x + 2, y + 12, 2.5, 0, 2 * Math.PI);
-      ctx.fill();
-      ctx.stroke();
+      for (const [dx, dy, r] of [[-10, 15, 3.2], [-14, 21, 2]]) { // the trail to the head
+        ctx.beginPath();
+        ctx.arc(cx + dx, y + dy, r, 0, 2 * Math.PI);
+        ctx.fill();
+        ctx.stroke();
+      }
       for (let i = 0; i < 3; i++) {
         const on = Math.floor(now / 300) % 3 === i;
-        ctx.fillStyle = on ? "#333" : "#aaa";
+        ctx.fillStyle = on ? "#222" : "#b5b5b5";
         ctx.beginPath();
-        ctx.arc(p.x + 3 + i * 7, y, 2.2, 0, 2 * Math.PI);
+        ctx.arc(cx - 8 + i * 8, y, 2.6, 0, 2 * Math.PI);
         ctx.fill();
       }
       ctx.restore();

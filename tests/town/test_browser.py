@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -73,9 +74,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class WebServer(str):
+    """The server's base URL; .log() is everything daphne printed so far."""
+
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
 @pytest.fixture
-def web_server(request, redis_url: str, transactional_db):
-    """daphne on a free port, on this test's database and channel layer prefix."""
+def web_server(request, redis_url: str, transactional_db, tmp_path):
+    """daphne on a free port, on this test's database and channel layer prefix. Its output
+    goes to a file: a pipe nobody reads would fill up and stall the server."""
     channel_prefix = request.getfixturevalue("isolated_channel_layer")
     port = _free_port()
     env = {
@@ -87,15 +98,16 @@ def web_server(request, redis_url: str, transactional_db):
         "PYTHONUNBUFFERED": "1",
     }
     argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(
-        [*argv, "pokosite.asgi:application"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    url = WebServer(f"http://127.0.0.1:{port}")
+    url.log_path = tmp_path / "daphne.log"
+    with url.log_path.open("w") as log:
+        process = subprocess.Popen(
+            [*argv, "pokosite.asgi:application"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -106,7 +118,7 @@ def web_server(request, redis_url: str, transactional_db):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"daphne did not serve {url}/healthz; its output:\n{process.stdout.read()}")
+            pytest.fail(f"daphne did not serve {url}/healthz; its output:\n{url.log()}")
         time.sleep(0.3)
     yield url
     process.terminate()
@@ -124,22 +136,84 @@ def browser():
         browser.close()
 
 
-def _tick(run) -> None:
-    def tick() -> None:
-        send = InlineSend(max_workers=run.concurrency)
-        try:
-            tick_run(run_id=run.pk, send=send, owner="browser-test", poll_s=0.05)
-        finally:
-            send.shutdown()
+class GatedSend:
+    """InlineSend behind a gate: decisions are sent (the residents think) but computed only once
+    the test opens the gate, so the page can be looked at mid-tick."""
 
-    off_loop(tick)
+    def __init__(self, max_workers: int) -> None:
+        self.inline = InlineSend(max_workers=max_workers)
+        self.gate = threading.Event()
+        self._held: list[tuple[int, str, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, decision_id: int, node: str, send: int) -> None:
+        with self._lock:
+            if not self.gate.is_set():
+                self._held.append((decision_id, node, send))
+                return
+        self.inline(decision_id, node, send)
+
+    def open(self) -> None:
+        with self._lock:
+            self.gate.set()
+            held, self._held = self._held, []
+        for args in held:
+            self.inline(*args)
+
+
+class TickInBackground:
+    """One tick of `run` on another thread (Playwright's loop owns this one)."""
+
+    def __init__(self, run, *, gated: bool) -> None:
+        self.send = GatedSend(max_workers=run.concurrency)
+        if not gated:
+            self.send.open()
+        self.error: BaseException | None = None
+
+        def tick() -> None:
+            try:
+                tick_run(run_id=run.pk, send=self.send, owner="browser-test", poll_s=0.05)
+            except BaseException as exc:  # re-raised by join()
+                self.error = exc
+            finally:
+                self.send.inline.shutdown()
+                connection.close()
+
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.send.open()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive(), "the tick did not finish"
+        if self.error is not None:
+            raise self.error
 
 
 def _wait_seq(page, seq: int) -> None:
     page.wait_for_function(f"window.townView.seq === {seq}", timeout=30_000)
 
 
-def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(web_server, browser):
+def _events(run, kind: str | None = None) -> list[RunEvent]:
+    events = RunEvent.objects.filter(run=run).order_by("seq")
+    return list(events.filter(kind=kind) if kind else events)
+
+
+def _socket_counts(page) -> dict:
+    return page.evaluate(
+        "({snapshots: townView.snapshots, duplicates: townView.duplicates,"
+        " gaps: townView.gaps, connects: townView.connects, closes: townView.closes})"
+    )
+
+
+WALKER_JS = """(id) => {
+    const m = townView.map, f = m.residents.get(id), p = m.position(f, performance.now());
+    const t = (performance.now() - f.t0) / f.duration;
+    return {t, x: p.x, y: p.y, fromX: f.fromX, fromY: f.fromY, toX: f.toX, toY: f.toY};
+}"""
+
+
+def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_server, browser):
     run = off_loop(
         lambda: services.run_start(
             # Sampled with a fixed seed: the same decisions every time, and some of them "go".
@@ -153,6 +227,7 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{web_server}/runs/{run.pk}/")
 
+    # The places and the residents drawn, from one snapshot.
     page.wait_for_function(
         "window.townView && townView.snapshots === 1 && townView.ws"
         " && townView.ws.readyState === 1 && townView.map.stats.placesDrawn === 12"
@@ -162,25 +237,51 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     snapshot_seq = page.evaluate("townView.seq")
     assert snapshot_seq == off_loop(last_seq, run_id=run.pk) == 1  # the run.state of run_start
     assert page.locator("#stat-clock").inner_text() == "day 1 07:00 morning"
+    assert page.evaluate("townView.map.stats.thinkingDrawn") == 0
+    # 1280×800: no sideways scrolling, the map and the side panel side by side.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    map_box = page.locator("#town-map").bounding_box()
+    side_box = page.locator("aside.side").bounding_box()
+    assert side_box["x"] >= map_box["x"] + map_box["width"] - 1
+    assert side_box["x"] + side_box["width"] <= 1280
 
-    # One tick: every resident thinks, decides (the feed), some walk to another place.
-    _tick(run)
+    # Tick 1, held mid-tick: the four residents whose decisions were sent are drawn thinking.
+    tick = TickInBackground(run, gated=True)
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
+    started = off_loop(_events, run=run, kind="decision.started")
+    assert len(started) == 4 and page.evaluate("townView.thinkingEvents") == 4
+    thinking = page.evaluate(
+        "[...townView.map.residents.values()].filter((f) => f.thinking).map((f) => f.id)"
+    )
+    assert sorted(thinking) == sorted(e.data["resident_id"] for e in started)
+    assert page.locator("#feed .feed-item").count() == 0
+    tick.join()
     newest = off_loop(last_seq, run_id=run.pk)
     _wait_seq(page, newest)
-    moved = off_loop(
-        lambda: list(RunEvent.objects.filter(run=run, kind="resident.moved").order_by("seq"))
+
+    # Every decision: thought about (started), then in the feed; some residents walk.
+    assert page.evaluate("townView.thinkingEvents") == 10
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 0", timeout=5_000)
+    applied = off_loop(_events, run=run, kind="decision.applied")
+    feed = page.locator("#feed .feed-item")
+    assert feed.count() == 10
+    assert sorted(feed.nth(i).get_attribute("data-seq") for i in range(10)) == sorted(
+        str(e.seq) for e in applied
     )
+    first = applied[0].data  # the feed is newest first
+    assert feed.nth(9).locator("b").inner_text() == first["resident_name"]
+    moved = off_loop(_events, run=run, kind="resident.moved")
     assert moved, "nobody moved in the first tick; the test needs a walk to watch"
     assert page.evaluate("townView.map.stats.walksStarted") == len(moved)
+    walker = moved[0].data
+    # Animated, not teleported: mid-walk the figure is between where it was and where it goes.
     page.wait_for_function("townView.map.stats.walking > 0", timeout=5_000)
-    assert page.locator("#feed .feed-item").count() == 10
+    at = page.evaluate(WALKER_JS, walker["resident_id"])
+    assert 0 < at["t"] < 1, at
+    assert abs(at["x"] - at["toX"]) + abs(at["y"] - at["toY"]) > 1, at
+    assert abs(at["x"] - at["fromX"]) + abs(at["y"] - at["fromY"]) > 1, at
     assert page.locator("#stat-clock").inner_text() == "day 1 09:00 morning"
     assert page.locator("#stat-tick").inner_text() == "1"
-    page.wait_for_timeout(700)  # mid-walk, bubbles up
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / "town-view.png"))
-
-    walker = moved[0].data
     page.wait_for_function("townView.map.stats.walking === 0", timeout=10_000)
     arrived = page.evaluate(
         """(id) => {
@@ -192,33 +293,58 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     )
     assert arrived == [walker["to_place_id"], 0, 0]
 
-    # Away while the run is paused, stepped and ticked: the page must catch up exactly.
+    # Tick 2, held: thinking again, speech bubbles of tick 1 still up. The screenshot.
+    tick = TickInBackground(run, gated=True)
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / "town-view.png"))
+    # A page opened now starts from a snapshot that already shows who is thinking.
+    other = browser.new_page(viewport={"width": 1280, "height": 800})
+    other.goto(f"{web_server}/runs/{run.pk}/")
+    other.wait_for_function(
+        "window.townView && townView.snapshots === 1 && townView.map.stats.thinkingDrawn === 4",
+        timeout=30_000,
+    )
+    other.close()
+
+    # Away mid-tick: the tick ends, the run is paused and stepped; back, it catches up exactly.
     page.evaluate("townView.drop()")
     page.wait_for_function("townView.ws === null")
+    tick.join()
     off_loop(services.run_pause, run=run)
     off_loop(services.run_step, run=run)
-    _tick(run)
-    newest = off_loop(last_seq, run_id=run.pk)
     page.evaluate("townView.resume()")
+    newest = off_loop(last_seq, run_id=run.pk)
     _wait_seq(page, newest)
-    page.wait_for_timeout(300)  # anything doubled would arrive now
-    applied = page.evaluate("townView.appliedSeqs")
-    assert applied == list(range(snapshot_seq + 1, newest + 1))
-    snapshots, duplicates, connects = page.evaluate(
-        "[townView.snapshots, townView.duplicates, townView.connects]"
-    )
-    # One snapshot, nothing doubled; a loaded machine may drop the socket once more, and the
-    # client then resumes from its last seq (the applied list above shows nothing was lost).
-    assert (snapshots, duplicates) == (1, 0)
-    assert connects >= 2
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 0", timeout=5_000)
     assert page.locator("#feed .feed-item").count() == 20
-    assert page.locator("#stat-tick").inner_text() == "2"
     assert page.locator("#stat-status").inner_text() == "paused"
+
+    # Dropped and back while a tick streams its events: nothing lost, nothing doubled.
+    tick = TickInBackground(run, gated=False)
+    page.wait_for_function("townView.thinkingEvents > 20", timeout=30_000)
+    page.evaluate("townView.drop()")
+    page.wait_for_function("townView.ws === null")
+    page.evaluate("townView.resume()")
+    tick.join()
+    newest = off_loop(last_seq, run_id=run.pk)
+    _wait_seq(page, newest)
+    page.wait_for_timeout(500)  # anything doubled or late would arrive now
+    assert page.evaluate("townView.appliedSeqs") == list(range(snapshot_seq + 1, newest + 1))
+    counts = _socket_counts(page)
+    # One snapshot, no duplicate, no gap, and no connect but the two resumes.
+    assert (counts["snapshots"], counts["duplicates"], counts["gaps"], counts["connects"]) == (
+        1, 0, 0, 3,
+    ), f"{counts}\ndaphne:\n{web_server.log()[-6000:]}"  # fmt: skip
+    assert all(close["dropped"] for close in counts["closes"]), counts
+    assert page.evaluate("townView.thinkingEvents") == 30
+    assert page.locator("#feed .feed-item").count() == 30
+    assert page.locator("#stat-tick").inner_text() == "3"
 
     # The replay of the same run: frame by frame from the stored decisions.
     page.goto(f"{web_server}/runs/{run.pk}/replay/")
     page.wait_for_function("window.townReplay && townReplay.data", timeout=30_000)
-    assert page.evaluate("townReplay.data.frames.length") == 3  # 2 ticks, then the end
+    assert page.evaluate("townReplay.data.frames.length") == 4  # 3 ticks, then the end
     assert page.locator("#feed .feed-item").count() == 10  # tick 0's decisions
     assert page.locator("#stat-clock").inner_text() == "day 1 07:00 morning"
     page.evaluate("townReplay.show(1, true)")
@@ -235,16 +361,28 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
 
 
 def test_the_live_page_fits_a_phone_screen(web_server, browser):
-    run = off_loop(lambda: services.run_create(town=demo_town_create(seed=0)))
+    run = off_loop(
+        lambda: services.run_start(
+            run=services.run_create(
+                town=demo_town_create(seed=0), concurrency=4, seed=1, temperature=1.0
+            )
+        )
+    )
+    TickInBackground(run, gated=False).join()
     page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
     page.goto(f"{web_server}/runs/{run.pk}/")
     page.wait_for_function(
-        "window.townView && townView.snapshots === 1 && townView.map.stats.placesDrawn === 12",
+        "window.townView && townView.snapshots === 1 && townView.map.stats.placesDrawn === 12"
+        " && townView.map.stats.residentsDrawn === 10",
         timeout=30_000,
     )
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     box = page.locator("#town-map").bounding_box()
     assert box["width"] <= 390 and box["height"] >= 300
+    # The panel stacks under the map, as wide as the screen; the feed has the tick.
+    side = page.locator("aside.side").bounding_box()
+    assert side["y"] >= box["y"] + box["height"] - 1 and side["width"] <= 390
+    assert page.locator("#feed .feed-item").count() == 10
     page.wait_for_timeout(300)
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view-phone.png"))
