@@ -157,7 +157,7 @@
       const { h } = this.buildingSize();
       return {
         x: center.x + (col - (inRow - 1) / 2) * spacing,
-        y: center.y + h / 2 + 46 + row * 30,
+        y: center.y + h / 2 + 46 + row * 44, // room for three lines of names
       };
     }
 
@@ -345,13 +345,20 @@
         ctx.ellipse(p.x, p.y + r * 1.2, r * 1.4, r * 0.5, 0, 0, 2 * Math.PI);
         ctx.stroke();
       }
-      // Names alternate between two lines, so neighbours in a row do not overwrite each other.
-      const stagger = p.moving ? 0 : (figure.slot % 2) * 10;
-      ctx.fillStyle = "#222";
+      // Names take turns on three lines, so neighbours in a row do not overwrite each other
+      // even on a phone; a light halo keeps a name legible over a roof or a street.
+      const stagger = p.moving ? 0 : (figure.slot % 3) * 10;
+      const name = figure.name.split(" ")[0];
+      const y = p.y + r * 1.3 + stagger;
       ctx.font = `${selected ? 700 : 500} 10px system-ui, sans-serif`;
       ctx.textAlign = "center";
       ctx.textBaseline = "top";
-      ctx.fillText(figure.name.split(" ")[0], p.x, p.y + r * 1.3 + stagger);
+      ctx.lineJoin = "round";
+      ctx.lineWidth = 3;
+      ctx.strokeStyle = "rgba(255, 255, 255, 0.8)";
+      ctx.strokeText(name, p.x, y);
+      ctx.fillStyle = "#222";
+      ctx.fillText(name, p.x, y);
       ctx.restore();
     }
 

@@ -24,7 +24,7 @@ from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.events import last_seq
-from town.models import RunEvent
+from town.models import Run, RunEvent
 from town.simulation import InlineSend, tick_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -386,3 +386,40 @@ def test_the_live_page_fits_a_phone_screen(web_server, browser):
     page.wait_for_timeout(300)
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view-phone.png"))
+
+
+def test_staff_buttons_control_the_run_and_the_page_follows(web_server, browser):
+    """Logged in as staff (a session cookie from the test database): the buttons call the run
+    services, their run.state events come back over the socket, a refusal is shown."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    def staff_session() -> str:
+        user = get_user_model().objects.create_user("boss", password="pw-for-tests", is_staff=True)
+        client = Client()
+        client.force_login(user)
+        return client.cookies["sessionid"].value
+
+    run = off_loop(lambda: services.run_create(town=demo_town_create(seed=0)))
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_cookies(
+        [{"name": "sessionid", "value": off_loop(staff_session), "url": web_server}]
+    )
+    page = context.new_page()
+    page.goto(f"{web_server}/runs/{run.pk}/")
+    page.wait_for_function("window.townView && townView.snapshots === 1", timeout=30_000)
+    for control, status, seq in [("start", "running", 1), ("pause", "paused", 2)]:
+        page.locator(f'button[data-control="{control}"]').click()
+        _wait_seq(page, seq)
+        assert page.locator("#stat-status").inner_text() == status
+    page.locator('button[data-control="step"]').click()
+    _wait_seq(page, 3)
+    run = off_loop(lambda: Run.objects.get(pk=run.pk))
+    assert (run.status, run.num_steps_pending) == ("paused", 1)
+    page.locator('button[data-control="start"]').click()  # a paused run is resumed, not started
+    page.wait_for_function("!document.getElementById('map-note').hidden", timeout=10_000)
+    assert "cannot start" in page.locator("#map-note").inner_text()
+    page.locator('button[data-control="stop"]').click()
+    _wait_seq(page, 4)
+    assert page.locator("#stat-status").inner_text() == "stopped"
+    context.close()
