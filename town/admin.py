@@ -203,6 +203,8 @@ DECISION_METRICS = [
     *DECISION_METRIC_FIELDS,
     "attempts",
     "retries",
+    "num_sends",
+    "started_send",
     "worker",
     "metrics",
 ]

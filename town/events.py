@@ -9,10 +9,8 @@ the consumer can fill any gap (a group message dropped or overtaken) from there.
 reconnects says the last seq it saw and gets exactly what it missed (`events_after`).
 
 Event kinds and their data (ids are database ids; every event also has seq, kind, at):
-  decision.started   decision_id, resident_id, tick_index, node — the resident is thinking.
-                     NOT emitted yet: from decision_dispatch it broke
-                     tests/town/test_tasks.py::test_a_worker_killed_mid_tick_loses_no_decision
-                     (cause not found); the snapshot's `thinking` comes from decision statuses
+  decision.started   decision_id, resident_id, tick_index, node — the decision was sent to its
+                     node: the resident is thinking
   decision.applied   decision_id, resident_id, resident_name, tick_index, action, target,
                      reason, valid, error, status, tokens and latencies (see `decision_numbers`)
   resident.moved     resident_id, from_place_id, to_place_id, tick_index

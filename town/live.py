@@ -170,10 +170,23 @@ def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
     }
 
 
+def _replay_memories(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """Each resident's memories, most recent first, with the tick that made them (None: a
+    background memory), so a frame can show only those made before it."""
+    memories = Memory.objects.filter(Q(run=run) | Q(run__isnull=True), resident__town=run.town)
+    by_resident: dict[str, list[dict[str, Any]]] = {}
+    for m in memories.order_by("-id"):
+        by_resident.setdefault(str(m.resident_id), []).append(
+            {"tick_index": m.tick_index, "text": m.text}
+        )
+    return by_resident
+
+
 def run_replay(*, run: Run) -> dict[str, Any]:
     """Every finished tick of the run as a frame: the clock, each resident's state as that
     tick began (what its prompt saw, kept on its Decision) and the tick's decisions; then a
-    last frame with the state after the last finished tick."""
+    last frame with the state after the last finished tick. Memories carry their tick, so a
+    frame shows those its residents had."""
     residents = {r.id: r for r in Resident.objects.filter(town_id=run.town_id).order_by("id")}
     views = _place_views(run)
     ticks = list(run.ticks.filter(status=Tick.Status.DONE).order_by("index"))
@@ -228,5 +241,6 @@ def run_replay(*, run: Run) -> dict[str, Any]:
         "run": run_header(run),
         "places": places_data(run=run, tick_index=0),
         "residents": [resident_profile(r) for r in residents.values()],
+        "memories": _replay_memories(run),
         "frames": frames,
     }

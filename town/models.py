@@ -243,6 +243,15 @@ class Decision(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="Times a worker started it.")
     retries = models.PositiveIntegerField(default=0, help_text="Attempts after the first.")
     worker = models.CharField(max_length=200, blank=True)
+    # Sends: the tick loop sends a decision again when no worker has begun it for a while (a
+    # worker that died right after taking the message off the queue lost it for good); only one
+    # send's delivery computes (see services/decisions.py).
+    num_sends = models.PositiveIntegerField(
+        default=0, help_text="Times the tick loop put it on its node's queue."
+    )
+    started_send = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The send whose delivery began the last attempt."
+    )
     # Engine metrics (vLLM definitions), as the engine reported them.
     num_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     num_cached_tokens = models.PositiveIntegerField(null=True, blank=True)

@@ -1,5 +1,7 @@
 """The tick loop: one tick fans out one decision per resident, at most `concurrency` in flight,
-waits for the answers (or the run's decision timeout), then applies them in resident order.
+waits for the answers (or the run's decision timeout), then applies them in resident order. A
+decision no worker has begun within settings.TOWN_DECISION_RESEND_S is sent again (its message
+may be lost: services/decisions.py says how).
 
 Decisions go to the nodes' Celery queues (`tasks.decision_send`). `InlineSend` computes them in
 this process instead, on threads sharing this process's engine — the same service, for
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -42,13 +45,15 @@ class InlineSend:
     def __init__(self, max_workers: int = 4) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="decision")
 
-    def __call__(self, decision_id: int, node: str) -> None:
-        self._pool.submit(self._compute, decision_id)
+    def __call__(self, decision_id: int, node: str, send: int) -> None:
+        self._pool.submit(self._compute, decision_id, send)
 
     @staticmethod
-    def _compute(decision_id: int) -> None:
+    def _compute(decision_id: int, send: int) -> None:
         try:
-            services.decision_compute(decision_id=decision_id, worker=f"inline:{os.getpid()}")
+            services.decision_compute(
+                decision_id=decision_id, worker=f"inline:{os.getpid()}", send=send
+            )
         except Exception as exc:
             logger.exception("decision %s failed inline", decision_id)
             services.decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}")
@@ -75,6 +80,7 @@ def _tick_decide(
     renew: Callable[[], None],
 ) -> None:
     num_answered_seen = 0
+    resend_s = settings.TOWN_DECISION_RESEND_S
     while True:
         decisions = tick_decisions(tick=tick)
         in_flight = [d for d in decisions if d.status in IN_FLIGHT]
@@ -82,6 +88,8 @@ def _tick_decide(
             if _timed_out(decision, run.decision_timeout_s):
                 logger.warning("decision %s timed out on node %s", decision.pk, decision.node)
                 services.decision_time_out(decision=decision)
+            elif services.decision_resend_due(decision=decision, resend_s=resend_s):
+                services.decision_resend(decision=decision, send=send)
         waiting = [d for d in decisions if d.status == D.PENDING]
         for decision in waiting[: max(0, run.concurrency - len(in_flight))]:
             services.decision_dispatch(decision=decision, send=send)

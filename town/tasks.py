@@ -28,9 +28,11 @@ MAX_RETRIES = 2
     reject_on_worker_lost=True,
     max_retries=MAX_RETRIES,
 )
-def decision_compute(self, decision_id: int) -> bool:
+def decision_compute(self, decision_id: int, send: int = 1) -> bool:
     try:
-        return decision_compute_service(decision_id=decision_id, worker=self.request.hostname or "")
+        return decision_compute_service(
+            decision_id=decision_id, worker=self.request.hostname or "", send=send
+        )
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:
             logger.exception("decision %s failed %s times; giving up", decision_id, MAX_RETRIES + 1)
@@ -40,6 +42,7 @@ def decision_compute(self, decision_id: int) -> bool:
         raise self.retry(exc=exc, countdown=1) from exc
 
 
-def decision_send(decision_id: int, node: str) -> None:
-    """Put a decision on its node's queue (the DecisionSend the tick loop uses)."""
-    decision_compute.apply_async(args=[decision_id], queue=node_queue(node))
+def decision_send(decision_id: int, node: str, send: int) -> None:
+    """Put a decision on its node's queue (the DecisionSend the tick loop uses); `send` says
+    which send of it this is (services/decisions.py: decision_resend)."""
+    decision_compute.apply_async(args=[decision_id, send], queue=node_queue(node))

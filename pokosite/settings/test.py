@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from pokosite.settings.base import *  # noqa: F403
-from pokosite.settings.base import DATABASES
+from pokosite.settings.base import DATABASES, channel_layers
 
 SECRET_KEY = "test-only-secret-key"
 DEBUG = False
@@ -34,12 +34,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 REDIS_URL = os.environ.get("POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
-    }
-}
+CHANNEL_LAYERS = channel_layers(REDIS_URL)
 
 # Tests run the tiny random-weight model unless they ask for the real one.
 INFERENCE_ENGINE = {

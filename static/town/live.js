@@ -17,6 +17,9 @@
     snapshots: 0,
     duplicates: 0,
     connects: 0,
+    closes: [], // {code, seq} of every socket that closed, for the test and for debugging
+    gaps: 0, // events that came out of order (never, with our consumer)
+    thinkingEvents: 0,
     held: false,
     ws: null,
   };
@@ -36,6 +39,7 @@
     ws.onopen = () => { panel.setConnection("open"); retryMs = 500; };
     ws.onmessage = (message) => handle(ws, JSON.parse(message.data));
     ws.onclose = (event) => {
+      view.closes.push({ code: event.code, seq: view.seq, dropped: view.held });
       if (view.ws !== ws) return;
       view.ws = null;
       panel.setConnection("closed");
@@ -57,7 +61,7 @@
     if (message.type === "error") return panel.note(message.message);
     if (message.type !== "event") return;
     if (message.seq <= view.seq) { view.duplicates += 1; return; }
-    if (message.seq !== view.seq + 1) { ws.close(); return; } // resync from view.seq
+    if (message.seq !== view.seq + 1) { view.gaps += 1; ws.close(); return; } // resync
     applyEvent(message);
     view.seq = message.seq;
     view.appliedSeqs.push(message.seq);
@@ -89,8 +93,10 @@
         panel.renderStats({ status: data.status, numTicksDone: data.num_ticks_done });
         break;
       case "decision.started":
+        view.thinkingEvents += 1;
         if (resident) resident.thinking = true;
         map.setThinking(data.resident_id, true);
+        if (data.resident_id === view.selectedId) refreshSelected();
         break;
       case "decision.applied": {
         if (resident) resident.thinking = false;

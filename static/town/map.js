@@ -43,7 +43,10 @@
       this.places = new Map(); // id -> place
       this.residents = new Map(); // id -> figure
       this.selectedId = null;
-      this.stats = { placesDrawn: 0, residentsDrawn: 0, walking: 0, walksStarted: 0 };
+      // What the last frame drew, for the browser test and for debugging.
+      this.stats = {
+        placesDrawn: 0, residentsDrawn: 0, walking: 0, walksStarted: 0, thinkingDrawn: 0,
+      };
       this.resize();
       new ResizeObserver(() => this.resize()).observe(canvas.parentElement);
       canvas.addEventListener("click", (e) => this.click(e));
@@ -145,7 +148,8 @@
       const index = here.indexOf(figure);
       figure.slot = index;
       const perRow = 4;
-      const spacing = Math.max(15, this.buildingSize().w / 3.2);
+      // Wide enough that names two slots apart (same text line) do not run into each other.
+      const spacing = Math.max(19, this.buildingSize().w / 2.6);
       const row = Math.floor(index / perRow);
       const inRow = Math.min(perRow, here.length - row * perRow);
       const col = index % perRow;
@@ -153,7 +157,7 @@
       const { h } = this.buildingSize();
       return {
         x: center.x + (col - (inRow - 1) / 2) * spacing,
-        y: center.y + h / 2 + 46 + row * 30,
+        y: center.y + h / 2 + 46 + row * 44, // room for three lines of names
       };
     }
 
@@ -230,11 +234,20 @@
       }
       positions.sort((a, b) => a[1].y - b[1].y);
       for (const [figure, p] of positions) this.drawFigure(ctx, figure, p, now);
+      // Speech bubbles, then the thinking clouds on top: a neighbour's bubble never hides
+      // that someone is thinking.
       for (const [figure, p] of positions) {
-        if (figure.thinking) this.drawThinking(ctx, p, now);
-        else if (figure.bubble) this.drawBubble(ctx, figure, p, now);
+        if (!figure.thinking && figure.bubble) this.drawBubble(ctx, figure, p, now);
       }
-      this.stats = { ...this.stats, placesDrawn, residentsDrawn: positions.length, walking };
+      let thinkingDrawn = 0;
+      for (const [figure, p] of positions) {
+        if (!figure.thinking) continue;
+        this.drawThinking(ctx, figure, p, now);
+        thinkingDrawn += 1;
+      }
+      this.stats = {
+        ...this.stats, placesDrawn, residentsDrawn: positions.length, walking, thinkingDrawn,
+      };
     }
 
     drawGround(ctx) {
@@ -332,35 +345,46 @@
         ctx.ellipse(p.x, p.y + r * 1.2, r * 1.4, r * 0.5, 0, 0, 2 * Math.PI);
         ctx.stroke();
       }
-      // Names alternate between two lines, so neighbours in a row do not overwrite each other.
-      const stagger = p.moving ? 0 : (figure.slot % 2) * 10;
-      ctx.fillStyle = "#222";
+      // Names take turns on three lines, so neighbours in a row do not overwrite each other
+      // even on a phone; a light halo keeps a name legible over a roof or a street.
+      const stagger = p.moving ? 0 : (figure.slot % 3) * 10;
+      const name = figure.name.split(" ")[0];
+      const y = p.y + r * 1.3 + stagger;
       ctx.font = `${selected ? 700 : 500} 10px system-ui, sans-serif`;
       ctx.textAlign = "center";
       ctx.textBaseline = "top";
-      ctx.fillText(figure.name.split(" ")[0], p.x, p.y + r * 1.3 + stagger);
+      ctx.lineJoin = "round";
+      ctx.lineWidth = 3;
+      ctx.strokeStyle = "rgba(255, 255, 255, 0.8)";
+      ctx.strokeText(name, p.x, y);
+      ctx.fillStyle = "#222";
+      ctx.fillText(name, p.x, y);
       ctx.restore();
     }
 
-    drawThinking(ctx, p, now) {
-      const y = p.y - 30;
+    // A thought cloud over the head, its dots lighting up in turn, while a decision is out.
+    drawThinking(ctx, figure, p, now) {
+      const cx = p.x + 12;
+      const y = p.y - 36;
       ctx.save();
-      ctx.fillStyle = "rgba(255,255,255,0.95)";
-      ctx.strokeStyle = "#777";
-      ctx.lineWidth = 1;
+      ctx.fillStyle = "rgba(255,255,255,0.97)";
+      ctx.strokeStyle = figure.color;
+      ctx.lineWidth = 1.6;
       ctx.beginPath();
-      ctx.ellipse(p.x + 10, y, 15, 9, 0, 0, 2 * Math.PI);
+      ctx.ellipse(cx, y, 19, 11, 0, 0, 2 * Math.PI);
       ctx.fill();
       ctx.stroke();
-      ctx.beginPath();
-      ctx.arc(p.x + 2, y + 12, 2.5, 0, 2 * Math.PI);
-      ctx.fill();
-      ctx.stroke();
+      for (const [dx, dy, r] of [[-10, 15, 3.2], [-14, 21, 2]]) { // the trail to the head
+        ctx.beginPath();
+        ctx.arc(cx + dx, y + dy, r, 0, 2 * Math.PI);
+        ctx.fill();
+        ctx.stroke();
+      }
       for (let i = 0; i < 3; i++) {
         const on = Math.floor(now / 300) % 3 === i;
-        ctx.fillStyle = on ? "#333" : "#aaa";
+        ctx.fillStyle = on ? "#222" : "#b5b5b5";
         ctx.beginPath();
-        ctx.arc(p.x + 3 + i * 7, y, 2.2, 0, 2 * Math.PI);
+        ctx.arc(cx - 8 + i * 8, y, 2.6, 0, 2 * Math.PI);
         ctx.fill();
       }
       ctx.restore();

@@ -22,7 +22,12 @@
       if (f.tick_index > frame.tick_index) break;
       for (const d of f.decisions) if (d.resident_id === id) decisions.unshift(d);
     }
-    return { ...profile, ...state, decisions: decisions.slice(0, 5) };
+    // Memories made before this frame's tick (a background one has no tick).
+    const memories = (replay.data.memories[String(id)] || [])
+      .filter((m) => m.tick_index === null || m.tick_index < frame.tick_index)
+      .slice(0, 8)
+      .map((m) => m.text);
+    return { ...profile, ...state, memories, decisions: decisions.slice(0, 5) };
   }
 
   function show(index, animate) {

@@ -79,7 +79,8 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
     }
     assert dumped["REDIS_URL"] == "redis://127.0.0.1:6379/0"
     assert dumped["broker"] == dumped["backend"] == dumped["REDIS_URL"]
-    assert dumped["channel_hosts"] == [dumped["REDIS_URL"]]
+    # A read timeout longer than channels_redis's 5 s BZPOPMIN wait (see settings/base.py).
+    assert dumped["channel_hosts"] == [{"address": dumped["REDIS_URL"], "socket_timeout": 30.0}]
     assert dumped["acks_late"] is True
     assert dumped["reject_on_worker_lost"] is True
     assert dumped["prefetch"] == 1
@@ -111,7 +112,7 @@ def test_base_reads_the_environment(tmp_path):
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
-    assert dumped["channel_hosts"] == ["redis://10.0.0.5:6380/2"]
+    assert [h["address"] for h in dumped["channel_hosts"]] == ["redis://10.0.0.5:6380/2"]
     assert dumped["INFERENCE_NODES"] == ["spark-a", "spark-b"]
     assert dumped["default_queue"] == "spark-a"
     assert dumped["INFERENCE_ENGINE"] == {

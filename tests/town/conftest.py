@@ -3,12 +3,15 @@
 demo_town -> Town           the seeded demo town (seed 0), on the test database.
 smollm2_tokenizer -> Tokenizer   the real SmolLM2 tokenizer and chat template, from the bundled
                             GGUF (no model weights loaded); session-wide.
+web_server, browser         daphne serving the site, and Debian's chromium: see
+                            tests/town/browser_fixtures.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.town.browser_fixtures import browser, web_server  # noqa: F401 (fixtures)
 from town.demo import demo_town_create
 
 

@@ -14,14 +14,11 @@ import uuid
 
 import pytest
 
+from pokosite.settings.base import channel_layers
+
 
 @pytest.fixture
 def isolated_channel_layer(redis_url: str, settings) -> str:
     prefix = f"test-{uuid.uuid4().hex[:10]}"
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_url], "prefix": prefix},
-        }
-    }
+    settings.CHANNEL_LAYERS = channel_layers(redis_url, prefix=prefix)
     return prefix

@@ -6,14 +6,8 @@ from __future__ import annotations
 import os
 
 from pokosite.settings.test import *  # noqa: F403
-from pokosite.settings.test import REDIS_URL
+from pokosite.settings.test import REDIS_URL, channel_layers
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {
-            "hosts": [REDIS_URL],
-            "prefix": os.environ.get("POKOMACHI_TEST_CHANNEL_PREFIX", "asgi"),
-        },
-    }
-}
+CHANNEL_LAYERS = channel_layers(
+    REDIS_URL, prefix=os.environ.get("POKOMACHI_TEST_CHANNEL_PREFIX", "asgi")
+)

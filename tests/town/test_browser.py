@@ -7,28 +7,14 @@ Saves docs/town-view.png (1280×800) and docs/town-view-phone.png (390×844).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
-from django.db import connection
 
+from tests.town.browser_fixtures import CHROMIUM, DOCS, TickInBackground, off_loop
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.events import last_seq
-from town.models import RunEvent
-from town.simulation import InlineSend, tick_run
-
-CHROMIUM = Path("/usr/bin/chromium")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DOCS = REPO_ROOT / "docs"
+from town.models import Run, RunEvent
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
@@ -42,104 +28,31 @@ pytestmark = [
     ),
 ]
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-def off_loop(fn, /, **kwargs):
-    """Call fn on another thread: Playwright's sync API keeps an event loop running on this
-    one, where Django refuses ORM calls and asgiref refuses async_to_sync."""
-
-    def call():
-        try:
-            return fn(**kwargs)
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def web_server(request, redis_url: str, transactional_db):
-    """daphne on a free port, on this test's database and channel layer prefix."""
-    channel_prefix = request.getfixturevalue("isolated_channel_layer")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.town.live_settings",
-        "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-        "POKOMACHI_TEST_REDIS_URL": redis_url,
-        "POKOMACHI_TEST_CHANNEL_PREFIX": channel_prefix,
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(
-        [*argv, "pokosite.asgi:application"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"daphne did not serve {url}/healthz; its output:\n{process.stdout.read()}")
-        time.sleep(0.3)
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
-@pytest.fixture
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def _tick(run) -> None:
-    def tick() -> None:
-        send = InlineSend(max_workers=run.concurrency)
-        try:
-            tick_run(run_id=run.pk, send=send, owner="browser-test", poll_s=0.05)
-        finally:
-            send.shutdown()
-
-    off_loop(tick)
-
 
 def _wait_seq(page, seq: int) -> None:
     page.wait_for_function(f"window.townView.seq === {seq}", timeout=30_000)
 
 
-def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(web_server, browser):
+def _events(run, kind: str | None = None) -> list[RunEvent]:
+    events = RunEvent.objects.filter(run=run).order_by("seq")
+    return list(events.filter(kind=kind) if kind else events)
+
+
+def _socket_counts(page) -> dict:
+    return page.evaluate(
+        "({snapshots: townView.snapshots, duplicates: townView.duplicates,"
+        " gaps: townView.gaps, connects: townView.connects, closes: townView.closes})"
+    )
+
+
+WALKER_JS = """(id) => {
+    const m = townView.map, f = m.residents.get(id), p = m.position(f, performance.now());
+    const t = (performance.now() - f.t0) / f.duration;
+    return {t, x: p.x, y: p.y, fromX: f.fromX, fromY: f.fromY, toX: f.toX, toY: f.toY};
+}"""
+
+
+def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_server, browser):
     run = off_loop(
         lambda: services.run_start(
             # Sampled with a fixed seed: the same decisions every time, and some of them "go".
@@ -153,6 +66,7 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{web_server}/runs/{run.pk}/")
 
+    # The places and the residents drawn, from one snapshot.
     page.wait_for_function(
         "window.townView && townView.snapshots === 1 && townView.ws"
         " && townView.ws.readyState === 1 && townView.map.stats.placesDrawn === 12"
@@ -162,25 +76,51 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     snapshot_seq = page.evaluate("townView.seq")
     assert snapshot_seq == off_loop(last_seq, run_id=run.pk) == 1  # the run.state of run_start
     assert page.locator("#stat-clock").inner_text() == "day 1 07:00 morning"
+    assert page.evaluate("townView.map.stats.thinkingDrawn") == 0
+    # 1280×800: no sideways scrolling, the map and the side panel side by side.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    map_box = page.locator("#town-map").bounding_box()
+    side_box = page.locator("aside.side").bounding_box()
+    assert side_box["x"] >= map_box["x"] + map_box["width"] - 1
+    assert side_box["x"] + side_box["width"] <= 1280
 
-    # One tick: every resident thinks, decides (the feed), some walk to another place.
-    _tick(run)
+    # Tick 1, held mid-tick: the four residents whose decisions were sent are drawn thinking.
+    tick = TickInBackground(run, gated=True)
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
+    started = off_loop(_events, run=run, kind="decision.started")
+    assert len(started) == 4 and page.evaluate("townView.thinkingEvents") == 4
+    thinking = page.evaluate(
+        "[...townView.map.residents.values()].filter((f) => f.thinking).map((f) => f.id)"
+    )
+    assert sorted(thinking) == sorted(e.data["resident_id"] for e in started)
+    assert page.locator("#feed .feed-item").count() == 0
+    tick.join()
     newest = off_loop(last_seq, run_id=run.pk)
     _wait_seq(page, newest)
-    moved = off_loop(
-        lambda: list(RunEvent.objects.filter(run=run, kind="resident.moved").order_by("seq"))
+
+    # Every decision: thought about (started), then in the feed; some residents walk.
+    assert page.evaluate("townView.thinkingEvents") == 10
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 0", timeout=5_000)
+    applied = off_loop(_events, run=run, kind="decision.applied")
+    feed = page.locator("#feed .feed-item")
+    assert feed.count() == 10
+    assert sorted(feed.nth(i).get_attribute("data-seq") for i in range(10)) == sorted(
+        str(e.seq) for e in applied
     )
+    first = applied[0].data  # the feed is newest first
+    assert feed.nth(9).locator("b").inner_text() == first["resident_name"]
+    moved = off_loop(_events, run=run, kind="resident.moved")
     assert moved, "nobody moved in the first tick; the test needs a walk to watch"
     assert page.evaluate("townView.map.stats.walksStarted") == len(moved)
+    walker = moved[0].data
+    # Animated, not teleported: mid-walk the figure is between where it was and where it goes.
     page.wait_for_function("townView.map.stats.walking > 0", timeout=5_000)
-    assert page.locator("#feed .feed-item").count() == 10
+    at = page.evaluate(WALKER_JS, walker["resident_id"])
+    assert 0 < at["t"] < 1, at
+    assert abs(at["x"] - at["toX"]) + abs(at["y"] - at["toY"]) > 1, at
+    assert abs(at["x"] - at["fromX"]) + abs(at["y"] - at["fromY"]) > 1, at
     assert page.locator("#stat-clock").inner_text() == "day 1 09:00 morning"
     assert page.locator("#stat-tick").inner_text() == "1"
-    page.wait_for_timeout(700)  # mid-walk, bubbles up
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / "town-view.png"))
-
-    walker = moved[0].data
     page.wait_for_function("townView.map.stats.walking === 0", timeout=10_000)
     arrived = page.evaluate(
         """(id) => {
@@ -192,33 +132,58 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
     )
     assert arrived == [walker["to_place_id"], 0, 0]
 
-    # Away while the run is paused, stepped and ticked: the page must catch up exactly.
+    # Tick 2, held: thinking again, speech bubbles of tick 1 still up. The screenshot.
+    tick = TickInBackground(run, gated=True)
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / "town-view.png"))
+    # A page opened now starts from a snapshot that already shows who is thinking.
+    other = browser.new_page(viewport={"width": 1280, "height": 800})
+    other.goto(f"{web_server}/runs/{run.pk}/")
+    other.wait_for_function(
+        "window.townView && townView.snapshots === 1 && townView.map.stats.thinkingDrawn === 4",
+        timeout=30_000,
+    )
+    other.close()
+
+    # Away mid-tick: the tick ends, the run is paused and stepped; back, it catches up exactly.
     page.evaluate("townView.drop()")
     page.wait_for_function("townView.ws === null")
+    tick.join()
     off_loop(services.run_pause, run=run)
     off_loop(services.run_step, run=run)
-    _tick(run)
-    newest = off_loop(last_seq, run_id=run.pk)
     page.evaluate("townView.resume()")
+    newest = off_loop(last_seq, run_id=run.pk)
     _wait_seq(page, newest)
-    page.wait_for_timeout(300)  # anything doubled would arrive now
-    applied = page.evaluate("townView.appliedSeqs")
-    assert applied == list(range(snapshot_seq + 1, newest + 1))
-    snapshots, duplicates, connects = page.evaluate(
-        "[townView.snapshots, townView.duplicates, townView.connects]"
-    )
-    # One snapshot, nothing doubled; a loaded machine may drop the socket once more, and the
-    # client then resumes from its last seq (the applied list above shows nothing was lost).
-    assert (snapshots, duplicates) == (1, 0)
-    assert connects >= 2
+    page.wait_for_function("townView.map.stats.thinkingDrawn === 0", timeout=5_000)
     assert page.locator("#feed .feed-item").count() == 20
-    assert page.locator("#stat-tick").inner_text() == "2"
     assert page.locator("#stat-status").inner_text() == "paused"
+
+    # Dropped and back while a tick streams its events: nothing lost, nothing doubled.
+    tick = TickInBackground(run, gated=False)
+    page.wait_for_function("townView.thinkingEvents > 20", timeout=30_000)
+    page.evaluate("townView.drop()")
+    page.wait_for_function("townView.ws === null")
+    page.evaluate("townView.resume()")
+    tick.join()
+    newest = off_loop(last_seq, run_id=run.pk)
+    _wait_seq(page, newest)
+    page.wait_for_timeout(500)  # anything doubled or late would arrive now
+    assert page.evaluate("townView.appliedSeqs") == list(range(snapshot_seq + 1, newest + 1))
+    counts = _socket_counts(page)
+    # One snapshot, no duplicate, no gap, and no connect but the two resumes.
+    assert (counts["snapshots"], counts["duplicates"], counts["gaps"], counts["connects"]) == (
+        1, 0, 0, 3,
+    ), f"{counts}\ndaphne:\n{web_server.log()[-6000:]}"  # fmt: skip
+    assert all(close["dropped"] for close in counts["closes"]), counts
+    assert page.evaluate("townView.thinkingEvents") == 30
+    assert page.locator("#feed .feed-item").count() == 30
+    assert page.locator("#stat-tick").inner_text() == "3"
 
     # The replay of the same run: frame by frame from the stored decisions.
     page.goto(f"{web_server}/runs/{run.pk}/replay/")
     page.wait_for_function("window.townReplay && townReplay.data", timeout=30_000)
-    assert page.evaluate("townReplay.data.frames.length") == 3  # 2 ticks, then the end
+    assert page.evaluate("townReplay.data.frames.length") == 4  # 3 ticks, then the end
     assert page.locator("#feed .feed-item").count() == 10  # tick 0's decisions
     assert page.locator("#stat-clock").inner_text() == "day 1 07:00 morning"
     page.evaluate("townReplay.show(1, true)")
@@ -235,16 +200,65 @@ def test_the_live_page_draws_the_town_follows_a_tick_and_survives_a_reconnect(we
 
 
 def test_the_live_page_fits_a_phone_screen(web_server, browser):
-    run = off_loop(lambda: services.run_create(town=demo_town_create(seed=0)))
+    run = off_loop(
+        lambda: services.run_start(
+            run=services.run_create(
+                town=demo_town_create(seed=0), concurrency=4, seed=1, temperature=1.0
+            )
+        )
+    )
+    TickInBackground(run, gated=False).join()
     page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
     page.goto(f"{web_server}/runs/{run.pk}/")
     page.wait_for_function(
-        "window.townView && townView.snapshots === 1 && townView.map.stats.placesDrawn === 12",
+        "window.townView && townView.snapshots === 1 && townView.map.stats.placesDrawn === 12"
+        " && townView.map.stats.residentsDrawn === 10",
         timeout=30_000,
     )
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     box = page.locator("#town-map").bounding_box()
     assert box["width"] <= 390 and box["height"] >= 300
+    # The panel stacks under the map, as wide as the screen; the feed has the tick.
+    side = page.locator("aside.side").bounding_box()
+    assert side["y"] >= box["y"] + box["height"] - 1 and side["width"] <= 390
+    assert page.locator("#feed .feed-item").count() == 10
     page.wait_for_timeout(300)
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view-phone.png"))
+
+
+def test_staff_buttons_control_the_run_and_the_page_follows(web_server, browser):
+    """Logged in as staff (a session cookie from the test database): the buttons call the run
+    services, their run.state events come back over the socket, a refusal is shown."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    def staff_session() -> str:
+        user = get_user_model().objects.create_user("boss", password="pw-for-tests", is_staff=True)
+        client = Client()
+        client.force_login(user)
+        return client.cookies["sessionid"].value
+
+    run = off_loop(lambda: services.run_create(town=demo_town_create(seed=0)))
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_cookies(
+        [{"name": "sessionid", "value": off_loop(staff_session), "url": web_server}]
+    )
+    page = context.new_page()
+    page.goto(f"{web_server}/runs/{run.pk}/")
+    page.wait_for_function("window.townView && townView.snapshots === 1", timeout=30_000)
+    for control, status, seq in [("start", "running", 1), ("pause", "paused", 2)]:
+        page.locator(f'button[data-control="{control}"]').click()
+        _wait_seq(page, seq)
+        assert page.locator("#stat-status").inner_text() == status
+    page.locator('button[data-control="step"]').click()
+    _wait_seq(page, 3)
+    run = off_loop(lambda: Run.objects.get(pk=run.pk))
+    assert (run.status, run.num_steps_pending) == ("paused", 1)
+    page.locator('button[data-control="start"]').click()  # a paused run is resumed, not started
+    page.wait_for_function("!document.getElementById('map-note').hidden", timeout=10_000)
+    assert "cannot start" in page.locator("#map-note").inner_text()
+    page.locator('button[data-control="stop"]').click()
+    _wait_seq(page, 4)
+    assert page.locator("#stat-status").inner_text() == "stopped"
+    context.close()

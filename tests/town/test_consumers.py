@@ -16,6 +16,7 @@ from tests.town.factories import run_factory, small_town_factory
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import events, services
 from town.models import RunEvent
+from town.simulation import InlineSend, tick_run
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -188,6 +189,58 @@ def test_login_required_refuses_anonymous_and_admits_a_session_user(run, setting
         connected, _ = await ws.connect()
         assert connected
         assert (await ws.receive_json_from(timeout=5))["type"] == "snapshot"
+        await ws.disconnect()
+
+    run_async(body)
+
+
+def test_a_quiet_socket_stays_open_past_the_layers_blocking_wait(run):
+    """channels_redis waits 5 s per BZPOPMIN; with redis-py's default 5 s read timeout the
+    consumer died after 5 quiet seconds (settings/base.py: channel_layers)."""
+
+    async def body():
+        ws = _communicator(f"/ws/runs/{run.pk}/")
+        await ws.connect()
+        await ws.receive_json_from(timeout=5)
+        assert await ws.receive_nothing(timeout=6.5)  # raises if the consumer crashed
+        await emit(run_id=run.pk, kind="test.ping", data={})
+        (event,) = await _events(ws, 1)
+        assert event["seq"] == 1
+        await ws.disconnect()
+
+    run_async(body)
+
+
+def test_a_tick_streams_thinking_then_decisions_in_seq_order(run):
+    """A real tick (the tiny model, computed in this process) seen through the socket: each
+    resident is thinking (decision.started, as its decision is sent) before its decision."""
+    services.run_start(run=run)
+
+    def tick() -> None:
+        send = InlineSend(max_workers=run.concurrency)
+        try:
+            tick_run(run_id=run.pk, send=send, owner="test", poll_s=0.05)
+        finally:
+            send.shutdown()
+
+    async def body():
+        ws = _communicator(f"/ws/runs/{run.pk}/")
+        await ws.connect()
+        snapshot = await ws.receive_json_from(timeout=5)
+        assert not any(r["thinking"] for r in snapshot["residents"])
+        await database_sync_to_async(tick, thread_sensitive=False)()
+        newest = await database_sync_to_async(events.last_seq)(run_id=run.pk)
+        got = await _events(ws, newest - snapshot["seq"])
+        assert [m["seq"] for m in got] == list(range(snapshot["seq"] + 1, newest + 1))
+        started = {
+            m["data"]["resident_id"]: m["seq"] for m in got if m["kind"] == "decision.started"
+        }
+        applied = {
+            m["data"]["resident_id"]: m["seq"] for m in got if m["kind"] == "decision.applied"
+        }
+        assert set(started) == set(applied) == {r["id"] for r in snapshot["residents"]}
+        assert all(started[r] < applied[r] for r in started)
+        assert await ws.receive_nothing(timeout=0.3)
         await ws.disconnect()
 
     run_async(body)

@@ -112,7 +112,7 @@ def test_a_decision_that_never_comes_back_times_out_and_the_run_goes_on():
     run = run_factory(town=small_town_factory(), decision_timeout_s=0.3, concurrency=2)
     run = services.run_start(run=run)
 
-    def send_nowhere(decision_id: int, node: str) -> None:  # a message the broker lost
+    def send_nowhere(decision_id: int, node: str, send: int) -> None:  # a message the broker lost
         pass
 
     tick = tick_run(run_id=run.pk, send=send_nowhere, owner="test", poll_s=0.05)

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
+import uuid
 
 import pytest
+import redis
 
 from town import services
 from town.demo import demo_town_create
@@ -54,15 +58,10 @@ def test_two_ticks_of_the_demo_town_on_the_real_model(celery_worker_process):
     assert sum(1 for d in decisions if d.valid) >= 10
 
 
-def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process):
-    fast_redelivery = {"POKOMACHI_VISIBILITY_TIMEOUT": "5"}
-    worker = celery_worker_process(env=fast_redelivery)
-    town = demo_town_create(seed=0)
-    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=1, concurrency=4)
-    run = services.run_start(run=run)
+def _tick_in_background(run: Run) -> tuple[threading.Thread, dict]:
     result: dict = {}
 
-    def tick_in_background() -> None:
+    def tick() -> None:
         from django.db import connection
 
         try:
@@ -72,12 +71,61 @@ def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process):
         finally:
             connection.close()
 
-    thread = threading.Thread(target=tick_in_background, daemon=True)
+    thread = threading.Thread(target=tick, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while not Decision.objects.filter(run=run, status=D.RUNNING).exists():
-        assert time.monotonic() < deadline, "no decision started on the worker"
+    return thread, result
+
+
+def _wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
+    celery_worker_process, redis_url, settings
+):
+    """kombu's Redis transport takes a message off the queue (BRPOP) before it records it as
+    unacknowledged; a worker killed in between loses it and the broker never hands it back.
+    Here the test takes it off the real queue itself, as that worker did, and drops it."""
+    settings.TOWN_DECISION_RESEND_S = 2.0
+    queue = f"test-{uuid.uuid4().hex[:12]}"
+    settings.INFERENCE_NODES = [*settings.INFERENCE_NODES, queue]
+    town = demo_town_create(seed=0)
+    run = services.run_create(town=town, nodes=[queue], ticks_target=1, concurrency=4)
+    run = services.run_start(run=run)
+    thread, result = _tick_in_background(run)
+    broker = redis.Redis.from_url(redis_url)
+    _wait_for(lambda: broker.llen(queue) == 4, "the first 4 decisions were not sent")
+    _, raw = broker.brpop([queue], timeout=5)  # the oldest message, as a worker takes it
+    lost_id = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+    celery_worker_process(queue)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the tick did not finish"
+    assert "error" not in result, result.get("error")
+    decisions = {d.pk: d for d in run.decisions.all()}
+    assert {d.status for d in decisions.values()} == {D.APPLIED}
+    lost = decisions[lost_id]
+    assert lost.num_sends >= 2 and lost.started_send >= 2, "the lost message was not replaced"
+    # Copies of decisions that were only waiting are dropped: each was computed once.
+    assert all(d.attempts == 1 and d.retries == 0 for d in decisions.values())
+
+
+def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process, settings):
+    # A message the dying worker had taken off the queue but not recorded is lost (see the
+    # test above): the tick loop sends it again after this long.
+    settings.TOWN_DECISION_RESEND_S = 5.0
+    fast_redelivery = {"POKOMACHI_VISIBILITY_TIMEOUT": "5"}
+    worker = celery_worker_process(env=fast_redelivery)
+    town = demo_town_create(seed=0)
+    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=1, concurrency=4)
+    run = services.run_start(run=run)
+    thread, result = _tick_in_background(run)
+    _wait_for(
+        Decision.objects.filter(run=run, status=D.RUNNING).exists,
+        "no decision started on the worker",
+    )
     worker.kill()  # SIGKILL, mid-decision
     killed_running = set(
         Decision.objects.filter(run=run, status=D.RUNNING).values_list("pk", flat=True)
@@ -97,5 +145,7 @@ def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process):
     assert retried and all(d.attempts == d.retries + 1 for d in retried)
     assert killed_running <= {d.pk for d in retried}
     assert all(d.worker != worker.hostname for d in retried)
+    # Only what the dead worker was computing ran twice; copies sent again ran at most once.
+    assert all(d.attempts == (2 if d.pk in killed_running else 1) for d in decisions)
     run.refresh_from_db()
     assert run.status == Run.Status.FINISHED

@@ -146,6 +146,11 @@ def test_replay_gives_each_residents_state_as_of_each_tick(client, run):
     assert [d["action"] for d in frames[0]["decisions"]] == ["go"] * 4
     assert [d["action"] for d in frames[1]["decisions"]] == ["stay"] * 4
     assert frames[2]["decisions"] == []
+    # Memories carry the tick that made them, so a frame shows only the earlier ones.
+    memories = [m for ms in data["memories"].values() for m in ms]
+    assert 0 in {m["tick_index"] for m in memories}  # the walk to the park
+    assert all(m["text"] for m in memories)
+    assert {m["tick_index"] for m in memories} <= {None, 0, 1}
     assert {p["name"] for p in data["places"]} >= {"Park", "Cafe"}
     assert park in frames[0]["open_place_ids"]
     cafe = run.town.places.get(name="Cafe").pk  # opens at 8

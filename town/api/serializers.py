@@ -199,6 +199,8 @@ DECISION_LIST_FIELDS = [
     "error",
     "attempts",
     "retries",
+    "num_sends",
+    "started_send",
     "worker",
     *DECISION_METRIC_FIELDS,
     "dispatched_at",

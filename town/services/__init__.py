@@ -1,7 +1,7 @@
 """The town's business logic, as keyword-only services (HackSoft style).
 
-runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, compute,
-time out and apply one resident's decision.
+runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, resend,
+compute, time out and apply one resident's decision.
 """
 
 from town.services.decisions import (
@@ -10,9 +10,12 @@ from town.services.decisions import (
     decision_dispatch,
     decision_fail,
     decision_parse,
+    decision_resend,
+    decision_resend_due,
     decision_time_out,
 )
 from town.services.runs import (
+    RUN_CONTROLS,
     run_create,
     run_lease_release,
     run_lease_take,
@@ -26,11 +29,14 @@ from town.services.runs import (
 from town.services.ticks import tick_begin, tick_finish
 
 __all__ = [
+    "RUN_CONTROLS",
     "decision_apply",
     "decision_compute",
     "decision_dispatch",
     "decision_fail",
     "decision_parse",
+    "decision_resend",
+    "decision_resend_due",
     "decision_time_out",
     "run_create",
     "run_lease_release",

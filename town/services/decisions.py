@@ -3,8 +3,14 @@ out, and apply to the town.
 
 Computing stores the raw output and every metric and nothing else; parsing, checking and
 applying happen in the tick, in resident order, so a tick's outcome does not depend on which
-decision came back first. A decision delivered twice (its worker died, the broker handed the
-message out again) is computed by whichever delivery gets there first; the other is dropped.
+decision came back first.
+
+Deliveries: a worker killed mid-decision leaves its message unacknowledged and the broker hands
+it out again (same send); a worker killed after taking the message off the queue but before
+recording it as unacknowledged loses it, so the tick loop sends a decision no worker has begun
+again (`decision_resend`, send 2, 3, ...). Each delivery says which send it is; only the send
+that began the running attempt may begin it again, so two copies never compute at once, and an
+answer that comes after another one is dropped.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from typing import Any
 
 import jsonschema
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from inference.errors import CompletionInputError
 from inference.services import Completion, completion_generate
+from town import events
 from town.actions import action_problem
 from town.effects import Note, action_apply
 from town.models import Decision
@@ -32,18 +40,55 @@ IN_FLIGHT = (D.QUEUED, D.RUNNING)
 COMPUTABLE = (D.PENDING, D.QUEUED, D.RUNNING)
 ANSWERED = (D.COMPUTED, D.FAILED, D.TIMED_OUT)
 
-DecisionSend = Callable[[int, str], None]  # (decision id, node) → puts it on the node's way
+# (decision id, node, send number) → puts the decision on the node's way
+DecisionSend = Callable[[int, str, int], None]
+
+
+def _send_on_commit(decision: Decision, send: DecisionSend) -> None:
+    decision_id, node, number = decision.pk, decision.node, decision.num_sends
+    transaction.on_commit(lambda: send(decision_id, node, number))
 
 
 def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
-    """Mark the decision queued and send it once the transaction commits."""
+    """Mark the decision queued (the resident is thinking: an event says so) and send it once
+    the transaction commits."""
     with transaction.atomic():
         decision.status = D.QUEUED
         decision.dispatched_at = timezone.now()
-        decision.save(update_fields=["status", "dispatched_at"])
-        decision_id, node = decision.pk, decision.node
-        transaction.on_commit(lambda: send(decision_id, node))
+        decision.num_sends = 1
+        decision.save(update_fields=["status", "dispatched_at", "num_sends"])
+        # Registered before the event's broadcast, so the view never delays the decision.
+        _send_on_commit(decision, send)
+        events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
     return decision
+
+
+def decision_resend_due(*, decision: Decision, resend_s: float) -> bool:
+    """Queued, and no worker has begun it within resend_s of its last send."""
+    if decision.status != D.QUEUED or decision.dispatched_at is None:
+        return False
+    waited_s = (timezone.now() - decision.dispatched_at).total_seconds()
+    return waited_s > max(decision.num_sends, 1) * resend_s
+
+
+def decision_resend(*, decision: Decision, send: DecisionSend) -> bool:
+    """Send a queued decision again (its message may be lost); False if a worker began it or
+    someone resent it meanwhile."""
+    with transaction.atomic():
+        updated = Decision.objects.filter(
+            pk=decision.pk, status=D.QUEUED, num_sends=decision.num_sends
+        ).update(num_sends=F("num_sends") + 1)
+        if not updated:
+            return False
+        decision.num_sends += 1
+        _send_on_commit(decision, send)
+    logger.warning(
+        "decision %s: no worker began it on node %s; sent again (send %s)",
+        decision.pk,
+        decision.node,
+        decision.num_sends,
+    )
+    return True
 
 
 def _decision_seed(decision: Decision) -> int | None:
@@ -53,8 +98,9 @@ def _decision_seed(decision: Decision) -> int | None:
     return (run.seed * 1_000_003 + decision.tick.index * 10_007 + decision.resident_id) % 2**31
 
 
-def _decision_begin(*, decision_id: int, worker: str) -> Decision | None:
-    """Count the attempt; None if the decision is gone or already answered."""
+def _decision_begin(*, decision_id: int, worker: str, send: int) -> Decision | None:
+    """Count the attempt; None if the decision is gone, answered, or being computed from
+    another send."""
     with transaction.atomic():
         decision = Decision.objects.select_for_update().filter(pk=decision_id).first()
         if decision is None:
@@ -65,12 +111,25 @@ def _decision_begin(*, decision_id: int, worker: str) -> Decision | None:
                 "decision %s is %s already; dropping this delivery", decision_id, decision.status
             )
             return None
+        if decision.status == D.RUNNING and decision.started_send not in (None, send):
+            # Another send's delivery is computing it; should that worker die, the broker
+            # hands that send's message back, so this copy is not needed.
+            logger.info(
+                "decision %s is running from send %s; dropping send %s",
+                decision_id,
+                decision.started_send,
+                send,
+            )
+            return None
         decision.attempts += 1
         decision.retries = decision.attempts - 1
         decision.status = D.RUNNING
         decision.started_at = timezone.now()
         decision.worker = worker
-        decision.save(update_fields=["attempts", "retries", "status", "started_at", "worker"])
+        decision.started_send = send
+        decision.save(
+            update_fields=["attempts", "retries", "status", "started_at", "worker", "started_send"]
+        )
     if decision.retries:
         logger.info("decision %s: attempt %s (retried)", decision_id, decision.attempts)
     return decision
@@ -123,13 +182,13 @@ def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
     return stored == 1
 
 
-def decision_compute(*, decision_id: int, worker: str = "") -> bool:
+def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bool:
     """Run the decision's prompt on this process's engine and store output and metrics.
 
-    True if this call stored the answer. Engine errors other than bad input propagate, so the
-    Celery task can retry them.
+    `send`: which send of the decision this delivery is. True if this call stored the answer.
+    Engine errors other than bad input propagate, so the Celery task can retry them.
     """
-    decision = _decision_begin(decision_id=decision_id, worker=worker)
+    decision = _decision_begin(decision_id=decision_id, worker=worker, send=send)
     if decision is None:
         return False
     run = decision.run

@@ -197,6 +197,17 @@ def run_stop(*, run: Run) -> Run:
     return _save(run, "num_steps_pending")
 
 
+# What a person may do to a run: the staff buttons on its page (town/views.py) and
+# `manage.py run_control` both look the service up here.
+RUN_CONTROLS = {
+    "start": run_start,
+    "pause": run_pause,
+    "resume": run_resume,
+    "step": run_step,
+    "stop": run_stop,
+}
+
+
 def run_lease_take(*, run: Run, owner: str, seconds: float) -> bool:
     """Take (or renew) the right to advance `run` for `seconds`; False if another holds it."""
     now = timezone.now()

@@ -8,13 +8,7 @@ from town import services
 from town.errors import TownError
 from town.models import Run
 
-CONTROLS = {
-    "start": services.run_start,
-    "pause": services.run_pause,
-    "resume": services.run_resume,
-    "step": services.run_step,
-    "stop": services.run_stop,
-}
+CONTROLS = services.RUN_CONTROLS
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('town', '0002_runevent'),
+        ('town', '0003_decision_sends'),
     ]
 
     operations = [

@@ -1,0 +1,188 @@
+"""Fixtures and helpers for the browser tests (tests/town/test_browser.py).
+
+web_server -> WebServer (a str: the base URL)
+    daphne on a free port serving pokosite.asgi on this test's database and on the channel layer
+    prefix of `isolated_channel_layer`; .log() is everything it printed (to a file: a pipe
+    nobody reads would fill up and stall it).
+browser -> playwright Browser
+    Debian's /usr/bin/chromium, headless, launched by Playwright (never a downloaded browser).
+off_loop(fn, **kwargs)
+    fn called on another thread: Playwright's sync API runs an event loop on the test's thread,
+    where Django refuses ORM calls.
+GatedSend, TickInBackground
+    one tick of a run on another thread, optionally held with its first decisions sent but not
+    computed, so the page can be looked at mid-tick.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from town.simulation import InlineSend, tick_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOCS = REPO_ROOT / "docs"
+
+# The real model (POKOMACHI_MODEL=smollm2-135m-instruct, for the README's screenshots) takes
+# minutes per tick on a shared CPU; the tiny default model seconds.
+TICK_TIMEOUT_S = 1200.0 if os.environ.get("POKOMACHI_MODEL") else 120.0
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def off_loop(fn, /, **kwargs):
+    """Call fn on another thread: Playwright's sync API keeps an event loop running on this
+    one, where Django refuses ORM calls and asgiref refuses async_to_sync."""
+
+    def call():
+        try:
+            return fn(**kwargs)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WebServer(str):
+    """The server's base URL; .log() is everything daphne printed so far."""
+
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def web_server(request, redis_url: str, transactional_db, tmp_path):
+    """daphne on a free port, on this test's database and channel layer prefix. Its output
+    goes to a file: a pipe nobody reads would fill up and stall the server."""
+    channel_prefix = request.getfixturevalue("isolated_channel_layer")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.town.live_settings",
+        "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        "POKOMACHI_TEST_REDIS_URL": redis_url,
+        "POKOMACHI_TEST_CHANNEL_PREFIX": channel_prefix,
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+    url = WebServer(f"http://127.0.0.1:{port}")
+    url.log_path = tmp_path / "daphne.log"
+    with url.log_path.open("w") as log:
+        process = subprocess.Popen(
+            [*argv, "pokosite.asgi:application"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"daphne did not serve {url}/healthz; its output:\n{url.log()}")
+        time.sleep(0.3)
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright  # test_browser.py skips without it
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class GatedSend:
+    """InlineSend behind a gate: decisions are sent (the residents think) but computed only once
+    the test opens the gate, so the page can be looked at mid-tick."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.inline = InlineSend(max_workers=max_workers)
+        self.gate = threading.Event()
+        self._held: list[tuple[int, str, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, decision_id: int, node: str, send: int) -> None:
+        with self._lock:
+            if not self.gate.is_set():
+                self._held.append((decision_id, node, send))
+                return
+        self.inline(decision_id, node, send)
+
+    def open(self) -> None:
+        with self._lock:
+            self.gate.set()
+            held, self._held = self._held, []
+        for args in held:
+            self.inline(*args)
+
+
+class TickInBackground:
+    """One tick of `run` on another thread (Playwright's loop owns this one)."""
+
+    def __init__(self, run, *, gated: bool) -> None:
+        self.send = GatedSend(max_workers=run.concurrency)
+        if not gated:
+            self.send.open()
+        self.error: BaseException | None = None
+
+        def tick() -> None:
+            try:
+                tick_run(run_id=run.pk, send=self.send, owner="browser-test", poll_s=0.05)
+            except BaseException as exc:  # re-raised by join()
+                self.error = exc
+            finally:
+                self.send.inline.shutdown()
+                connection.close()
+
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.send.open()
+        self.thread.join(timeout=TICK_TIMEOUT_S)
+        assert not self.thread.is_alive(), "the tick did not finish"
+        if self.error is not None:
+            raise self.error
