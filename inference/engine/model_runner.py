@@ -4,6 +4,9 @@ It owns the model and the KV cache tensors; the scheduler owns which slots are w
 hybrid model's layers come in two KV groups: full-attention layers index the full group's
 slots, sliding-window layers their own (smaller in use, not in size) sliding group's, and get
 their own metadata (`meta.sliding`) listing only the blocks of each request's window.
+
+Before the forward it copies the partial blocks of token-exact reuse (copy-on-write): all
+sources are read before any destination is written, in one gather and one scatter per layer.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
+from inference.engine.kv_cache_manager import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.sampler import sample
@@ -40,9 +44,30 @@ class ModelRunner:
             (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
             for _ in layer_types
         ]
+        self.layer_types = layer_types
+
+    @torch.inference_mode()
+    def copy_slots(self, copies: list[BlockCopy]) -> None:
+        """Copy each record's first `num_slots` slots from its source block to its destination,
+        in every layer of its group (full or sliding)."""
+        size = self.block_size
+        for group in ("full", "sliding"):
+            mine = [c for c in copies if c.group == group]
+            if not mine:
+                continue
+            src = [c.src_block_id * size + i for c in mine for i in range(c.num_slots)]
+            dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
+            src_index = torch.tensor(src, dtype=torch.long, device=self.device)
+            dst_index = torch.tensor(dst, dtype=torch.long, device=self.device)
+            for kind, (k_cache, v_cache) in zip(self.layer_types, self.kv_caches, strict=True):
+                if kind == group:
+                    k_cache.index_copy_(0, dst_index, k_cache.index_select(0, src_index))
+                    v_cache.index_copy_(0, dst_index, v_cache.index_select(0, src_index))
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
+        if output.block_copies:
+            self.copy_slots(output.block_copies)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
