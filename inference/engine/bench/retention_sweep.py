@@ -137,6 +137,7 @@ def run_sweep(
     concurrency: int,
     max_tokens: int,
     progress: Callable[[str], None] = lambda message: None,
+    breakpoint: int | None = None,
 ) -> tuple[list[IntervalRun], Workload]:
     """Prefix caching off, then each interval; a fresh engine each. The workload is built with
     the first engine's tokenizer."""
@@ -152,7 +153,10 @@ def run_sweep(
                 workload = workload_of(engine)
                 prompts = exact_head_prompts(engine.tokenizer, workload, head_tokens)
             params = SamplingParams(
-                max_tokens=max_tokens, temperature=0.0, json_schema=workload.schema
+                max_tokens=max_tokens,
+                temperature=0.0,
+                json_schema=workload.schema,
+                cache_breakpoints=[breakpoint] if breakpoint and caching else None,
             )
             progress(f"{label}: {len(prompts)} requests")
             runs.append(run_interval(engine, label, interval, prompts, params, concurrency))
