@@ -20,7 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inference.engine.block_pool import BlockPool, KVCacheBlock
-from inference.engine.hashing import BlockHash, extra_keys, hash_request_blocks, root_hash
+from inference.engine.hashing import (
+    BlockHash,
+    extra_keys,
+    hash_block_tokens,
+    hash_request_blocks,
+    root_hash,
+)
 from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
@@ -110,7 +116,7 @@ class KVCacheManager:
                 num_sliding_blocks or num_blocks,
                 block_size,
                 sliding_window,
-                RetentionPolicy(retention_interval, block_size),
+                RetentionPolicy(retention_interval, block_size, exact_reuse),
                 enable_caching,
                 self.parent_hash,
             )
@@ -189,7 +195,8 @@ class KVCacheManager:
         found = []
         for child in self.block_pool.cached_children(parent):
             common = 0
-            while common < len(tail) and child.token_ids[common] == tail[common]:
+            limit = min(len(tail), len(child.token_ids))  # a cached partial tail is shorter
+            while common < limit and child.token_ids[common] == tail[common]:
                 common += 1
             if common:
                 found.append((child, common))
@@ -280,11 +287,30 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so a shared head outlives the tails."""
+        tail = self._cache_partial_tail(request) if self.enable_caching else None
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         self.block_pool.free_blocks(list(reversed(blocks)))
         if self.sliding is not None:
-            self.sliding.free(request)
+            self.sliding.free(request, tail)
+
+    def _cache_partial_tail(self, request: Request) -> tuple[int, BlockHash, tuple] | None:
+        """Cache the computed part of the request's last, unfilled block under a hash of its
+        own (never a full block's), so a later prompt that matches it copies it (token-exact
+        reuse of a whole earlier prompt; a junction or breakpoint in that block)."""
+        size = self.block_size
+        index, num_slots = divmod(request.num_computed_tokens, size)
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if not self.exact_reuse or not num_slots or index >= len(blocks):
+            return None
+        self._update_hashes(request)
+        tokens = tuple(request.all_token_ids[index * size : request.num_computed_tokens])
+        parent = request.block_hashes[index - 1] if index else None
+        block_hash = hash_block_tokens(parent, tokens, self._extra(request) + b"\x1fpartial")
+        self.block_pool.cache_block(
+            blocks[index], block_hash, tokens, self.parent_hash(request, index)
+        )
+        return index, block_hash, tokens
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]

@@ -151,10 +151,9 @@ class LLMEngine:
         if pin:
             with self._lock:
                 self.pinned.check_room(len(token_ids))
-        # Decode until the head's last block is full: a block is cached (and shareable) whole.
-        fill = -len(token_ids) % self.config.block_size
+        # One token: the head's unfilled last block is cached as a partial tail when it ends.
         params = SamplingParams(
-            max_tokens=fill + 1,
+            max_tokens=1,
             temperature=0.0,
             ignore_eos=True,
             cache_salt=cache_salt,

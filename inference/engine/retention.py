@@ -33,10 +33,12 @@ def check_retention_interval(interval: int | None, block_size: int) -> None:
 
 
 class RetentionPolicy:
-    def __init__(self, interval: int | None, block_size: int) -> None:
+    def __init__(self, interval: int | None, block_size: int, exact: bool = True) -> None:
         check_retention_interval(interval, block_size)
         self.interval = interval
         self.block_size = block_size
+        # Without partial-block copies a checkpoint inside a block is unusable: round it down.
+        self.exact = exact
 
     def describe(self) -> str:
         if self.interval is None:
@@ -51,13 +53,14 @@ class RetentionPolicy:
         if end <= start:
             return []
         kinds: dict[int, str] = {}
+        size = 1 if self.exact else self.block_size
         for position in request.junction_positions:
-            kinds[position] = "junction"
+            kinds[position // size * size] = "junction"
         for position in request.cache_breakpoints:
-            kinds[position] = "breakpoint"
+            kinds[position // size * size] = "breakpoint"
         for position in self._grid(request, start, end):
             kinds.setdefault(position, "retention")
-        return sorted((p, kind) for p, kind in kinds.items() if start < p <= end)
+        return sorted((p, kind) for p, kind in kinds.items() if p and start < p <= end)
 
     def _grid(self, request: Request, start: int, end: int) -> list[int]:
         if self.interval == 0:

@@ -116,6 +116,9 @@ class Scheduler:
                 continue  # its head is being computed by a request ahead of it
             computed_blocks, num_hit_tokens = manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
+            junction = computed_blocks.junction
+            if junction and junction not in request.junction_positions:
+                request.junction_positions.append(junction)  # kept while it prefills past it
             if manager.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             self.waiting.remove(request)
@@ -127,8 +130,6 @@ class Scheduler:
                 self.reuse_sources[request.reuse_source] = (
                     self.reuse_sources.get(request.reuse_source, 0) + 1
                 )
-                if computed_blocks.junction:
-                    request.junction_positions.append(computed_blocks.junction)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             request.status = RequestStatus.RUNNING

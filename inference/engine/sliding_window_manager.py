@@ -196,8 +196,15 @@ class SlidingWindowManager:
         if self.enable_caching:
             self._record_checkpoints(request, num_computed, min(end, request.num_tokens))
 
-    def free(self, request: Request) -> None:
-        """Release every block, newest first; the ones no checkpoint holds are reused first."""
+    def free(self, request: Request, tail: tuple[int, BlockHash, tuple] | None = None) -> None:
+        """Release every block, newest first; the ones no checkpoint holds are reused first.
+
+        `tail`: (index, hash, tokens) of the request's unfilled last block, cached in the full
+        group; checkpoints still pending inside it are recorded against it now.
+        """
+        table = self.req_to_blocks.get(request.request_id, [])
+        if tail is not None and self.enable_caching:
+            self._record_in_tail(request, table, *tail)
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_hashed.pop(request.request_id, None)
         request.pending_checkpoints = []
@@ -248,6 +255,25 @@ class SlidingWindowManager:
             else:
                 pending.append((position, kind))
         request.pending_checkpoints = pending
+
+    def _record_in_tail(
+        self,
+        request: Request,
+        table: list[KVCacheBlock | None],
+        index: int,
+        block_hash: BlockHash,
+        tokens: tuple,
+    ) -> None:
+        pending = [
+            (p, kind) for p, kind in request.pending_checkpoints if p // self.block_size == index
+        ]
+        block = table[index] if index < len(table) else None
+        if not pending or block is None:
+            return
+        self.block_pool.cache_block(block, block_hash, tokens, self.parent_hash(request, index))
+        for position, kind in pending:
+            if position - index * self.block_size <= len(tokens):
+                self._record((block_hash, position % self.block_size), position, kind)
 
     def _cache(self, request: Request, table: list[KVCacheBlock | None], index: int) -> None:
         block = table[index]
