@@ -13,7 +13,6 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from inference.engine import LLMEngine, SamplingParams
@@ -49,8 +48,10 @@ def run_fanout_once(
     engine.generate([1000, 1001], SamplingParams(max_tokens=2))  # warm up; caches nothing
     before = engine.stats().num_prefill_tokens
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(prompts), thread_name_prefix="fanout") as pool:
-        outputs = list(pool.map(lambda p: engine.generate(p, params)[0], prompts))
+    # One call: every request reaches the scheduler in the same step, as a tick's fan-out does
+    # when its decisions are queued together (threads arriving a step apart would let the first
+    # finish its prefill alone; the second then finds the junction, the rest resume there).
+    outputs = engine.generate(prompts, params)
     wall_s = time.perf_counter() - start
     stats = engine.stats()
     return FanoutRun(

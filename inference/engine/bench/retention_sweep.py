@@ -110,7 +110,7 @@ def run_interval(
 ) -> IntervalRun:
     """The first prompt alone, then the rest `concurrency` at a time, on a fresh engine."""
     # A one-token prompt fills no block: it warms the model and the grammar, caches nothing.
-    engine.generate("Hi", dataclasses.replace(params, max_tokens=2))
+    engine.generate("Hi", dataclasses.replace(params, max_tokens=2, cache_breakpoints=None))
     start = time.perf_counter()
     outputs = engine.generate(prompts[0], params)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-worker") as pool:
