@@ -27,28 +27,16 @@ from inference.engine.hashing import (
     hash_request_blocks,
     root_hash,
 )
+from inference.engine.partial_blocks import (
+    BlockCopy,
+    PartialBlock,
+    matching_children,
+    partial_source,
+)
 from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
 from inference.engine.sliding_window_manager import SlidingWindowManager
-
-
-@dataclass(slots=True)
-class PartialBlock:
-    """The reuse point P lies inside a block: copy the first `num_slots` slots of these cached
-    blocks (one per group) into the request's fresh block at index P // block_size."""
-
-    full: KVCacheBlock
-    sliding: KVCacheBlock | None
-    num_slots: int
-
-
-@dataclass(slots=True)
-class BlockCopy:
-    group: str  # "full" or "sliding"
-    src_block_id: int
-    dst_block_id: int
-    num_slots: int
 
 
 @dataclass(slots=True)
@@ -145,7 +133,7 @@ class KVCacheManager:
         size = self.block_size
         limit = request.num_tokens - 1
         chain = self._live_chain(request)
-        children = self._matching_children(request, chain) if self.exact_reuse else []
+        children = self._children(request, chain) if self.exact_reuse else []
         if self.exact_reuse:
             ready = [n for block, n in children if self.block_pool.is_ready(block)]
             matching = max(ready, default=0)
@@ -164,12 +152,14 @@ class KVCacheManager:
             reused, sliding_hits, kind = checkpoint.position, checkpoint.blocks, checkpoint.kind
             evicted_checkpoint = max(checkpoint.evicted_position, reused)
             if checkpoint.partial is not None:
-                partial = self._partial(chain, children, reused, checkpoint.partial)
+                partial = partial_source(
+                    self.block_pool, chain, children, reused, checkpoint.partial, size
+                )
                 if partial is None:  # its full-group half is not computed yet: resume at 0
                     reused = evicted_checkpoint = 0
                     sliding_hits = []
         elif reused % size:
-            partial = self._partial(chain, children, reused, None)
+            partial = partial_source(self.block_pool, chain, children, reused, None, size)
         if reused % size and partial is None:  # the source was not computed before this step
             reused = evicted_checkpoint = reused // size * size
         reuse, junction = None, 0
@@ -184,43 +174,14 @@ class KVCacheManager:
         hits.junction = junction
         return hits, reused
 
-    def _matching_children(
+    def _children(
         self, request: Request, chain: list[KVCacheBlock]
     ) -> list[tuple[KVCacheBlock, int]]:
         """Cached blocks continuing the chain, with how many of the next tokens they match."""
-        size = self.block_size
-        start = len(chain) * size
-        tail = request.all_token_ids[start : start + size]
+        start = len(chain) * self.block_size
         parent = chain[-1].block_hash if chain else root_hash(self._extra(request))
-        found = []
-        for child in self.block_pool.cached_children(parent):
-            common = 0
-            limit = min(len(tail), len(child.token_ids))  # a cached partial tail is shorter
-            while common < limit and child.token_ids[common] == tail[common]:
-                common += 1
-            if common:
-                found.append((child, common))
-        return found
-
-    def _partial(
-        self,
-        chain: list[KVCacheBlock],
-        children: list[tuple[KVCacheBlock, int]],
-        position: int,
-        sliding: KVCacheBlock | None,
-    ) -> PartialBlock | None:
-        """The full-group source of a reuse point inside block position // B, if computed."""
-        index, offset = divmod(position, self.block_size)
-        if index < len(chain):
-            source = chain[index]
-        else:
-            wanted = sliding.block_hash if sliding is not None else None
-            ready = [(n, b) for b, n in children if n >= offset and self.block_pool.is_ready(b)]
-            matches = [b for n, b in ready if wanted is None or b.block_hash == wanted]
-            source = matches[0] if matches else None
-        if source is None or not self.block_pool.is_ready(source):
-            return None
-        return PartialBlock(source, sliding, offset)
+        tail = request.all_token_ids[start : start + self.block_size]
+        return matching_children(self.block_pool, parent, tail)
 
     def _source(self, hits: KVCacheBlocks, reused: int, kind: str) -> str:
         if reused == 0:
@@ -358,7 +319,7 @@ class KVCacheManager:
         range (the matched length): past the chain, a partial match with a cached block
         continuing it, then blocks evicted since."""
         size, hashes = self.block_size, request.block_hashes
-        common = max((n for _, n in self._matching_children(request, chain)), default=0)
+        common = max((n for _, n in self._children(request, chain)), default=0)
         matched = max(len(chain) * size + common, reusable)
         evicted_upto = matched
         if len(chain) < len(hashes) and self.block_pool.was_evicted(hashes[len(chain)]):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
-from inference.engine.kv_cache_manager import BlockCopy
 from inference.engine.models import LoadedModel
+from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request
 from inference.engine.sampler import sample
 from inference.engine.scheduler import SchedulerOutput

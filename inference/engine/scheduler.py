@@ -16,7 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from inference.engine.kv_cache_manager import BlockCopy, KVCacheManager
+from inference.engine.kv_cache_manager import KVCacheManager
+from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request, RequestStatus
 from inference.engine.shared_prefill import find_followers
 

@@ -8,7 +8,7 @@ import torch
 
 from inference.engine import SamplingParams
 from inference.engine.breakpoints import chat_breakpoints
-from inference.engine.kv_cache_manager import BlockCopy
+from inference.engine.partial_blocks import BlockCopy
 
 
 @pytest.mark.parametrize("bad", [[0], [-3], ["12"], [True], 5])
