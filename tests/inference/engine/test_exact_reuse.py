@@ -73,7 +73,8 @@ def test_random_divergence_points_are_reused_exactly(make_engine):
     uncached engine's."""
     uncached = make_engine(enable_prefix_caching=False, max_num_batched_tokens=4096)
     rng = random.Random(4)
-    configs = [(4, None), (8, 0), (16, 64), (32, 512), (16, None), (8, 2048), (32, 0), (4, 96)]
+    # (block size, retention interval); few engines, as each takes seconds to build.
+    configs = [(4, None), (8, 0), (16, 64), (32, 512), (16, 2048)]
     num_trials = 0
     for block_size, interval in configs:
         engine = make_engine(
@@ -81,10 +82,10 @@ def test_random_divergence_points_are_reused_exactly(make_engine):
             retention_interval=interval,
             num_kv_blocks=60_000 // block_size,
             max_num_batched_tokens=4096,
-            max_num_seqs=32,
+            max_num_seqs=40,
         )
         trials = []
-        for _ in range(26):
+        for _ in range(40):
             shared = rng.randrange(1, 600)
             head = random_tokens(rng, shared)
             tails = [random_tokens(rng, rng.randrange(1, 30)) for _ in range(3)]
