@@ -24,6 +24,16 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+def _is_ahead(leader: Request, shared: int, block_size: int) -> bool:
+    """The leader has not computed the shared part yet: it has not reached it (it will keep a
+    checkpoint there), or it passed it with that checkpoint set and the block holding it is
+    not full yet (the checkpoint is recorded when it is, or when the leader's prompt ends)."""
+    if leader.num_computed_tokens < shared:
+        return True
+    ready_at = min(-(-shared // block_size) * block_size, leader.num_prompt_tokens)
+    return shared in leader.junction_positions and leader.num_computed_tokens < ready_at
+
+
 def find_followers(
     prefilling: list[Request], waiting: list[Request], block_size: int
 ) -> dict[str, tuple[Request, int]]:
@@ -46,8 +56,7 @@ def find_followers(
                 best, shared = leader, n
         # Ready once the block holding the shared point is full (its checkpoint is keyed by
         # that block's hash) or the leader's prompt is done.
-        ready_at = min(-(-shared // block_size) * block_size, best.num_prompt_tokens) if best else 0
-        if best is not None and shared >= block_size and best.num_computed_tokens < ready_at:
+        if best is not None and shared >= block_size and _is_ahead(best, shared, block_size):
             followers[request.request_id] = (best, shared)
         else:
             leaders.append(request)
