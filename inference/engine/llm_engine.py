@@ -79,7 +79,12 @@ class LLMEngine:
             self.kv_cache_manager,
             config.max_num_seqs,
             config.max_num_batched_tokens,
-            enable_shared_prefill=config.enable_shared_prefill and config.enable_prefix_caching,
+            # A full-attention model already shares a head computed in the same step (blocks are
+            # registered when allocated and each layer writes before it reads); holding requests
+            # back would only add a step. A sliding-window model needs the checkpoint.
+            enable_shared_prefill=config.enable_shared_prefill
+            and config.enable_prefix_caching
+            and self.kv_cache_manager.sliding is not None,
         )
         self.structured = StructuredOutputManager(self.tokenizer, loaded.config.vocab_size)
         self.runner = ModelRunner(
