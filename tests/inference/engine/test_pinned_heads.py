@@ -48,3 +48,19 @@ def test_pins_beyond_the_share_are_a_value_error(engine):
         engine.warm(tokens(rng, 61 * 16), pin=True)  # 61 of 120 blocks > 0.5
     with pytest.raises(ValueError, match="max_pinned_fraction must be"):
         EngineConfig(max_pinned_fraction=1.5)
+
+
+def test_a_warmed_chat_head_is_reused_whole_on_a_full_attention_model(make_tiny_engine):
+    engine = make_tiny_engine(num_kv_blocks=40)
+    head = [{"role": "system", "content": "Town rules and the place list. " * 12}]
+    handle = engine.warm(head, pin=True)
+    num_head = len(engine.tokenizer.apply_chat_template(head, add_generation_prompt=False))
+    assert (handle.num_tokens, handle.num_pinned_tokens) == (num_head, num_head)
+    rng = random.Random(3)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for _ in range(4):  # pressure: 4 × 400 cold tokens through a 40-block pool
+        engine.generate([rng.randrange(1000, 40_000) for _ in range(400)], params)
+    prompt = [*head, {"role": "user", "content": "You are Hana. Where to?"}]
+    out = engine.generate(prompt, params)[0].metrics
+    assert out.num_cached_tokens >= num_head and out.reuse_source == "pinned"
+    engine.unpin(handle)
