@@ -30,7 +30,7 @@ import torch
 from inference.engine import EngineConfig, LLMEngine
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
-from inference.engine.bench.fanout import fanout_json, format_fanout, run_fanout
+from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.results import RunResult
 from inference.engine.bench.retention_sweep import (
@@ -208,31 +208,11 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
 
 def _fanout_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
     interval = args.intervals[0] if args.intervals else None
-    try:
-        runs = run_fanout(
-            lambda shared: _engine(args, True, interval, enable_shared_prefill=shared),
-            num_requests=args.requests,
-            head_tokens=args.head_tokens,
-            tail_tokens=args.tail_tokens,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            progress=_progress,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    meta = {"command": " ".join(["python -m inference.engine.bench", *args.argv])}
-    meta.update(started=started, load_at_start=load_at_start, cpu=_cpu_model())
-    data = {**meta, "fanout": fanout_json(runs)}
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(data["command"])
-        print(format_fanout(runs, args.head_tokens, args.tail_tokens, args.requests))
-    return 0
+    command = " ".join(["python -m inference.engine.bench", *args.argv])
+    meta = dict(command=command, started=started, load_at_start=load_at_start, cpu=_cpu_model())
+    return fanout_main(
+        args, lambda shared: _engine(args, True, interval, enable_shared_prefill=shared), meta
+    )
 
 
 def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:

@@ -9,8 +9,11 @@ ratio.
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,3 +128,32 @@ def fanout_json(runs: list[FanoutRun]) -> dict:
         ],
         "ttft_ratio_off_over_on": off.mean_ttft_s / on.mean_ttft_s,
     }
+
+
+def fanout_main(
+    args: argparse.Namespace, make_engine: Callable[[bool], LLMEngine], meta: dict
+) -> int:
+    """The `--fanout` command: run, then print a table (or JSON) and write --json-out."""
+    try:
+        runs = run_fanout(
+            make_engine,
+            num_requests=args.requests,
+            head_tokens=args.head_tokens,
+            tail_tokens=args.tail_tokens,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            progress=lambda message: print(f"[bench] {message}", file=sys.stderr, flush=True),
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    data = {**meta, "fanout": fanout_json(runs)}
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(data["command"])
+        print(format_fanout(runs, args.head_tokens, args.tail_tokens, args.requests))
+    return 0
