@@ -23,6 +23,10 @@ class KVCacheBlock:
     # The tokens behind the hash: a hit compares them, so a collision cannot reuse wrong state.
     token_ids: tuple[int, ...] | None = None
     parent_hash: BlockHash | None = None  # the chain hash before this block (None: first block)
+    # The engine step that computes it (BlockPool.step when cached): a block cached in the
+    # current step is written by this step's forward, so it can be shared (attention writes
+    # before it reads) but not copied from (copies run before the forward).
+    cached_step: int = -1
     prev_free: KVCacheBlock | None = None
     next_free: KVCacheBlock | None = None
 
@@ -99,6 +103,7 @@ class BlockPool:
         self.evicted_hashes: OrderedDict[BlockHash, None] = OrderedDict()
         self.max_evicted_hashes = max_evicted_hashes or max(1024, 4 * num_blocks)
         self.num_evictions = 0
+        self.step = 0  # advanced by the cache manager once per schedule
 
     @property
     def num_free_blocks(self) -> int:
@@ -130,6 +135,7 @@ class BlockPool:
         block.block_hash = block_hash
         block.token_ids = token_ids
         block.parent_hash = parent_hash
+        block.cached_step = self.step
         self.hash_to_block[block_hash] = block
         self.children.setdefault(parent_hash, {})[block_hash] = block
         self.evicted_hashes.pop(block_hash, None)
@@ -137,6 +143,13 @@ class BlockPool:
     def cached_children(self, parent_hash: BlockHash | None) -> list[KVCacheBlock]:
         """The cached blocks whose chain continues `parent_hash` (None: first blocks)."""
         return list(self.children.get(parent_hash, {}).values())
+
+    def get_block_by_hash(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.hash_to_block.get(block_hash)
+
+    def is_ready(self, block: KVCacheBlock) -> bool:
+        """Computed by an earlier step, so its slots can be copied now."""
+        return block.cached_step < self.step
 
     def was_evicted(self, block_hash: BlockHash) -> bool:
         return block_hash in self.evicted_hashes

@@ -26,6 +26,17 @@ class EngineConfig:
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
     # multiples of N (a multiple of block_size). Reuse rounds down to this grid.
     retention_interval: int | None = None
+    # Token-exact reuse: a match that ends inside a block copies that block's matching slots
+    # into a fresh block (copy-on-write) instead of recomputing the block. Off: block-rounded.
+    enable_partial_block_reuse: bool = True
+    # Junction checkpoints: when a prompt leaves a cached one inside the cached range, keep the
+    # window state where it leaves, so the next prompt with that head resumes there exactly.
+    enable_junction_checkpoints: bool = True
+    # One prefill per shared head: requests waiting together on the same uncached head wait
+    # for the first of them to compute it (see shared_prefill). Off: each prefills its own.
+    enable_shared_prefill: bool = True
+    # LLMEngine.warm(pin=True): the share of the KV blocks pinned heads may hold.
+    max_pinned_fraction: float = 0.5
     # KV memory: an explicit block count wins over the byte budget. A sliding-window model's two
     # KV groups get the same number of blocks (the budget is split by layer count).
     kv_cache_memory_bytes: int = 1 << 30
@@ -54,6 +65,11 @@ class EngineConfig:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
         check_retention_interval(self.retention_interval, self.block_size)
+        if not 0 <= self.max_pinned_fraction < 1:
+            raise ValueError(
+                f"max_pinned_fraction must be in [0, 1) (a share of the KV blocks), got "
+                f"{self.max_pinned_fraction}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
         if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:

@@ -18,12 +18,14 @@ from typing import Any
 
 import torch
 
+from inference.engine.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer, stop_cut
 from inference.engine.kv_cache_manager import KVCacheManager
 from inference.engine.metrics import EngineStats, RequestMetrics
 from inference.engine.model_runner import ModelRunner, layer_types_of
 from inference.engine.models import load_model
+from inference.engine.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.request import Request, RequestStatus
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import Scheduler
@@ -80,14 +82,25 @@ class LLMEngine:
             loaded.fingerprint,
             sliding_window=self._sliding_window(loaded.config),
             retention_interval=config.retention_interval,
+            exact_reuse=config.enable_partial_block_reuse,
+            junction_checkpoints=config.enable_junction_checkpoints,
         )
+        self.pinned = PinnedHeads(self.kv_cache_manager, config.max_pinned_fraction)
         # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
         num_sliding_layers = layer_types_of(loaded.config).count("sliding")
         self.sliding_block_bytes = (
             bytes_per_block * num_sliding_layers // len(layer_types_of(loaded.config))
         )
         self.scheduler = Scheduler(
-            self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens
+            self.kv_cache_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            # A full-attention model already shares a head computed in the same step (blocks are
+            # registered when allocated and each layer writes before it reads); holding requests
+            # back would only add a step. A sliding-window model needs the checkpoint.
+            enable_shared_prefill=config.enable_shared_prefill
+            and config.enable_prefix_caching
+            and self.kv_cache_manager.sliding is not None,
         )
         self.structured = StructuredOutputManager(self.tokenizer, loaded.config.vocab_size)
         self.runner = ModelRunner(
@@ -182,12 +195,48 @@ class LLMEngine:
                 num_checkpoints=len(sliding.checkpoints) if sliding else 0,
                 num_checkpoint_blocks=num_checkpoint_blocks,
                 checkpoint_memory_bytes=num_checkpoint_blocks * self.sliding_block_bytes,
+                num_prefill_tokens=self.scheduler.num_prefill_tokens,
+                reuse_sources=dict(self.scheduler.reuse_sources),
+                num_junction_checkpoints=sliding.num_junction_checkpoints if sliding else 0,
+                num_partial_block_copies=self.kv_cache_manager.num_partial_block_copies,
+                num_pinned_blocks=self.pinned.num_pinned_blocks(),
             )
 
     @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
         return "sliding" in getattr(self.model_config, "layer_types", ())
+
+    def warm(
+        self, prompt_head: Prompt, pin: bool = True, cache_salt: str | None = None
+    ) -> PinnedHead:
+        """Compute a prompt head (text, token ids, or chat messages: rendered without a
+        generation prompt) so later prompts starting with it resume at its very end; with
+        `pin`, keep it cached until `unpin(handle)`. Thread-safe like generate."""
+        if not self.config.enable_prefix_caching:
+            raise ValueError("warm() needs enable_prefix_caching=True: nothing would be kept")
+        token_ids = self._tokenize(prompt_head, add_generation_prompt=False)
+        if pin:
+            with self._lock:
+                self.pinned.check_room(len(token_ids))
+        # One token: the head's unfilled last block is cached as a partial tail when it ends.
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            ignore_eos=True,
+            cache_salt=cache_salt,
+            cache_breakpoints=[len(token_ids)],
+        )
+        self.generate([token_ids], params)
+        with self._lock:
+            if not pin:
+                return PinnedHead(0, len(token_ids), len(token_ids), "")
+            return self.pinned.pin(token_ids, cache_salt)
+
+    def unpin(self, handle: PinnedHead | int) -> None:
+        """Let a warmed head's blocks be evicted again (ValueError for an unknown handle)."""
+        with self._lock:
+            self.pinned.unpin(handle)
 
     def shutdown(self) -> None:
         with self._lock:
@@ -221,6 +270,10 @@ class LLMEngine:
         token_ids = self._tokenize(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
+        breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
+            breakpoints = sorted({*breakpoints, *marked})
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(token_ids)} tokens; the model's context is {self.max_model_len} "
@@ -248,16 +301,17 @@ class LLMEngine:
             sampling_params=params,
             grammar=grammar,
             generator=generator,
+            cache_breakpoints=breakpoints,
         )
 
-    def _tokenize(self, prompt: Prompt) -> list[int]:
+    def _tokenize(self, prompt: Prompt, add_generation_prompt: bool = True) -> list[int]:
         if isinstance(prompt, str):
             # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
             return self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt)
         raise ValueError(
             "a prompt must be a string, a list of token ids, or a list of chat messages "
             '[{"role": ..., "content": ...}]'

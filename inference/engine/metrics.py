@@ -9,7 +9,7 @@ which add up to the prompt length (see prefix_reuse for what each means).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -28,6 +28,10 @@ class RequestMetrics:
     num_lost_to_alignment: int = 0  # matched inside a block that is not wholly shared
     num_lost_to_eviction: int = 0  # was cached, evicted since
     num_cold_tokens: int = 0  # never cached
+    # Where the reused tokens came from: "none" (nothing reused), "block_chain" (cached blocks
+    # and, on a hybrid model, a retention-grid checkpoint), "breakpoint" (a declared cache
+    # breakpoint), "junction" (a detected divergence point), "pinned" (a warmed, pinned head).
+    reuse_source: str = "none"
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -57,6 +61,14 @@ class EngineStats:
     num_checkpoints: int = 0
     num_checkpoint_blocks: int = 0
     checkpoint_memory_bytes: int = 0
+    # Prompt tokens the model computed (cached ones excluded): head + tails when heads are shared.
+    num_prefill_tokens: int = 0
+    # Requests by where their reuse came from (RequestMetrics.reuse_source), and checkpoints
+    # kept at detected junctions; tokens copied into fresh blocks for token-exact reuse.
+    reuse_sources: dict[str, int] = field(default_factory=dict)
+    num_junction_checkpoints: int = 0
+    num_partial_block_copies: int = 0
+    num_pinned_blocks: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -8,6 +8,9 @@ slots, sliding-window layers their own (smaller in use, not in size) sliding gro
 their own metadata (`meta.sliding`) listing only the blocks of each request's window.
 On the kernel path (triton: CUDA, or CPU under the interpreter) it builds block tables and
 lengths instead of the torch path's spans, and replays decode steps from CUDA graphs.
+
+Before the forward it copies the partial blocks of token-exact reuse (copy-on-write): all
+sources are read before any destination is written, in one gather and one scatter per layer.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
 from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
 from inference.engine.models import LoadedModel
+from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request
 from inference.engine.sampler import sample
 from inference.engine.scheduler import SchedulerOutput
@@ -63,12 +67,33 @@ class ModelRunner:
 
             self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
             self.graphs.capture(self.model, self.kv_caches)
+        self.layer_types = layer_types
+
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """Copy each record's first `num_slots` slots from its source block to its destination,
+        in every layer of its group (full or sliding)."""
+        size = self.block_size
+        for group in ("full", "sliding"):
+            mine = [c for c in copies if c.group == group]
+            if not mine:
+                continue
+            src = [c.src_block_id * size + i for c in mine for i in range(c.num_slots)]
+            dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
+            src_index = torch.tensor(src, dtype=torch.long, device=self.device)
+            dst_index = torch.tensor(dst, dtype=torch.long, device=self.device)
+            for kind, (k_cache, v_cache) in zip(self.layer_types, self.kv_caches, strict=True):
+                if kind == group:
+                    k_cache.index_copy_(0, dst_index, k_cache.index_select(0, src_index))
+                    v_cache.index_copy_(0, dst_index, v_cache.index_select(0, src_index))
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the sampled token of every request whose prompt is done."""
         if self.device.type == "cuda":
             # Per thread: triton launches on the current device, and this is the loop thread.
             torch.cuda.set_device(self.device)
+        if output.block_copies:
+            self.copy_blocks(output.block_copies)
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []

@@ -53,6 +53,15 @@ class Request:
     num_preemptions: int = 0
     num_forced_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
+    # Token-exact positions where the window state is kept while prefilling (hybrid models):
+    # declared breakpoints (sampling params, chat messages marked "cache"), and junctions found
+    # on admission or set by the scheduler for requests that wait on this one's head.
+    cache_breakpoints: list[int] = field(default_factory=list)
+    junction_positions: list[int] = field(default_factory=list)
+    # Checkpoints inside a block, recorded once that block is full (its hash is the key).
+    pending_checkpoints: list[tuple[int, str]] = field(default_factory=list)
+    # What the reuse point came from: none | block_chain | breakpoint | junction | pinned
+    reuse_source: str = "none"
     output_text: str = ""
     # Called on the engine's loop thread with each sampled token (streaming): must be quick.
     on_token: Callable[[int], None] | None = None
@@ -106,4 +115,5 @@ class Request:
             num_lost_to_alignment=reuse.num_lost_to_alignment,
             num_lost_to_eviction=reuse.num_lost_to_eviction,
             num_cold_tokens=reuse.num_cold_tokens,
+            reuse_source=self.reuse_source,
         )

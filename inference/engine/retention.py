@@ -3,8 +3,8 @@
 vLLM's `--prefix-cache-retention-interval`, with its meaning: None keeps a checkpoint at every
 block boundary (dense), 0 only where each prompt ends (rounded down to a full block), N > 0 at
 multiples of N. A later request can resume a hybrid model only at a checkpoint, so its reuse
-rounds down to this grid. Declared breakpoints and detected junctions (issue 4) are more
-positions returned from `checkpoint_positions`.
+rounds down to this grid. Declared cache breakpoints and detected junctions are more positions,
+kept whatever the interval and token-exact (not rounded to a block: see sliding_window_manager).
 """
 
 from __future__ import annotations
@@ -33,21 +33,36 @@ def check_retention_interval(interval: int | None, block_size: int) -> None:
 
 
 class RetentionPolicy:
-    def __init__(self, interval: int | None, block_size: int) -> None:
+    def __init__(self, interval: int | None, block_size: int, exact: bool = True) -> None:
         check_retention_interval(interval, block_size)
         self.interval = interval
         self.block_size = block_size
+        # Without partial-block copies a checkpoint inside a block is unusable: round it down.
+        self.exact = exact
 
     def describe(self) -> str:
         if self.interval is None:
             return "dense"
         return "prompt end" if self.interval == 0 else f"every {self.interval} tokens"
 
-    def checkpoint_positions(self, request: Request, start: int, end: int) -> list[int]:
-        """Positions P in (start, end], multiples of the block size, where a checkpoint of the
-        window ending at P is kept once tokens [0, P) are computed."""
+    def checkpoint_positions(self, request: Request, start: int, end: int) -> list[tuple[int, str]]:
+        """(P, kind) for the positions P in (start, end] where a checkpoint of the window ending
+        at P is kept once tokens [0, P) are computed, in order. kind: "retention" (the grid, on
+        block boundaries), "breakpoint" (declared by the request) or "junction" (where it
+        diverges from a cached prompt, or where requests waiting with it share a head)."""
         if end <= start:
             return []
+        kinds: dict[int, str] = {}
+        size = 1 if self.exact else self.block_size
+        for position in request.junction_positions:
+            kinds[position // size * size] = "junction"
+        for position in request.cache_breakpoints:
+            kinds[position // size * size] = "breakpoint"
+        for position in self._grid(request, start, end):
+            kinds.setdefault(position, "retention")
+        return sorted((p, kind) for p, kind in kinds.items() if p and start < p <= end)
+
+    def _grid(self, request: Request, start: int, end: int) -> list[int]:
         if self.interval == 0:
             prompt_end = request.num_prompt_tokens // self.block_size * self.block_size
             return [prompt_end] if start < prompt_end <= end else []

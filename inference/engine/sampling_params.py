@@ -18,6 +18,9 @@ class SamplingParams:
     ignore_eos: bool = False
     json_schema: dict[str, Any] | str | None = None
     cache_salt: str | None = None
+    # Token positions in the prompt where the cached state is kept exactly (a shared head ends
+    # there), like Anthropic's cache_control; each in (0, prompt length], checked per prompt.
+    cache_breakpoints: list[int] | None = None
     stop_list: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -37,6 +40,16 @@ class SamplingParams:
             self.stop_list = list(self.stop)
         if any(not isinstance(s, str) or not s for s in self.stop_list):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if self.cache_breakpoints is not None:
+            if not isinstance(self.cache_breakpoints, (list, tuple)) or any(
+                isinstance(p, bool) or not isinstance(p, int) or p < 1
+                for p in self.cache_breakpoints
+            ):
+                raise ValueError(
+                    "cache_breakpoints must be a list of token positions (ints ≥ 1, at most the "
+                    f"prompt length), got {self.cache_breakpoints!r}"
+                )
+            self.cache_breakpoints = sorted(set(self.cache_breakpoints))
         if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
             raise ValueError("json_schema must be a dict or a JSON string")
 

@@ -3,6 +3,11 @@
 Each step it first tops up the running requests (one token for those decoding, a chunk for
 those still prefilling), preempting the newest running request by recompute when the pool
 is full, then admits waiting requests while budget and blocks allow.
+
+One prefill per shared head: a waiting request that shares an uncached head with a request
+ahead of it (see shared_prefill) is held back until that leader has computed the head (and,
+on a hybrid model, kept a checkpoint where the head ends); requests behind it are still
+admitted, so batching continues.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from inference.engine.kv_cache_manager import KVCacheManager
+from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request, RequestStatus
+from inference.engine.shared_prefill import find_followers
 
 
 @dataclass(slots=True)
@@ -28,6 +35,20 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    # Partial blocks to copy (token-exact reuse), run before the step's forward.
+    block_copies: list[BlockCopy] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens computed this step (decode tokens and recomputed outputs excluded)."""
+        return sum(
+            max(
+                min(s.request.num_prompt_tokens, s.request.num_computed_tokens + s.num_new_tokens)
+                - s.request.num_computed_tokens,
+                0,
+            )
+            for s in self.scheduled
+        )
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -44,13 +65,17 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        enable_shared_prefill: bool = False,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
+        self.enable_shared_prefill = enable_shared_prefill
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_prefill_tokens = 0
+        self.reuse_sources: dict[str, int] = {}
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -63,6 +88,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         now = time.monotonic()
         manager = self.kv_cache_manager
+        manager.new_step()
+        held = self._followers() if self.enable_shared_prefill else set()
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -83,26 +110,47 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            if output.preempted_ids:
-                break  # memory is short this step; do not admit more
-            request = self.waiting[0]
+        for request in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs or output.preempted_ids:
+                break  # out of budget or seats; or memory is short this step: admit no more
+            if request.request_id in held:
+                continue  # its head is being computed by a request ahead of it
             computed_blocks, num_hit_tokens = manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
+            junction = computed_blocks.junction
+            if junction and junction not in request.junction_positions:
+                request.junction_positions.append(junction)  # kept while it prefills past it
             if manager.allocate_slots(request, num_new, computed_blocks) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
                 request.reuse = computed_blocks.reuse
+                request.reuse_source = computed_blocks.reuse_source
+                self.reuse_sources[request.reuse_source] = (
+                    self.reuse_sources.get(request.reuse_source, 0) + 1
+                )
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
+        output.block_copies = manager.take_copies()
+        self.num_prefill_tokens += output.num_prefill_tokens
         return output
+
+    def _followers(self) -> set[str]:
+        """Waiting requests to hold this step; their leaders keep a checkpoint at the shared
+        point (a junction), so the followers resume there once it is computed."""
+        candidates = list(self.waiting)[: 4 * self.max_num_seqs]
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        followers = find_followers(prefilling, candidates, self.kv_cache_manager.block_size)
+        for leader, shared in followers.values():
+            if shared not in leader.junction_positions:
+                leader.junction_positions.append(shared)
+        return set(followers)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         manager = self.kv_cache_manager

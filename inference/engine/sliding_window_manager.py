@@ -11,6 +11,12 @@ A window checkpoint at P (a multiple of B) is the window's blocks before P, kept
 hash at P, that a checkpoint exists there. The retention policy decides the positions; a
 released block that no checkpoint needs has no hash and goes back to the head of the free
 queue, reused at once. The record, not the accidental presence of blocks, makes P a hit.
+
+Breakpoints and junctions put checkpoints anywhere, not only on block boundaries. A checkpoint
+at P inside block j is keyed by (hash of block j, P mod B), recorded once block j is full (its
+hash exists); a later request that matches block j's first P mod B tokens resumes at P by
+copying those slots of block j into a fresh block of its own (copy-on-write), in both groups.
+On a boundary the key is (hash of block P/B - 1, B), and nothing is copied.
 """
 
 from __future__ import annotations
@@ -24,12 +30,18 @@ from inference.engine.hashing import BlockHash
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
 
+CheckpointKey = tuple[BlockHash, int]  # (hash of the block holding P - 1, P - that block's start)
+
 
 @dataclass(slots=True)
 class CheckpointLookup:
     position: int  # the reuse point: 0 when no checkpoint was found
-    blocks: list[KVCacheBlock]  # the window's blocks before it
+    blocks: list[KVCacheBlock]  # the window's whole blocks before it
     evicted_position: int  # the largest position above it whose checkpoint was evicted, else 0
+    # P inside a block: that cached block, whose first P mod B slots are copied (else None)
+    partial: KVCacheBlock | None = None
+    kind: str = "retention"  # the record's kind (see RetentionPolicy.checkpoint_positions)
+    key: CheckpointKey | None = None
 
 
 @dataclass(slots=True)
@@ -59,9 +71,13 @@ class SlidingWindowManager:
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock | None]] = {}
-        # chain hash at P → P, least recently recorded or hit first; bounded, and an entry
-        # whose blocks were evicted stays (it tells a miss that it was an eviction).
-        self.checkpoints: OrderedDict[BlockHash, int] = OrderedDict()
+        # key at P → P, least recently recorded or hit first; bounded, and an entry whose
+        # blocks were evicted stays (it tells a miss that it was an eviction). Pinned ones stay.
+        self.checkpoints: OrderedDict[CheckpointKey, int] = OrderedDict()
+        self.checkpoint_kinds: dict[CheckpointKey, str] = {}
+        self.offsets: dict[BlockHash, set[int]] = {}  # block hash → offsets recorded in it
+        self.pinned: dict[CheckpointKey, int] = {}  # key → pin count
+        self.num_junction_checkpoints = 0
         self.max_checkpoints = max_checkpoints or max(1024, 4 * num_blocks)
         # request → block index below which its window's blocks are already hashed
         self.num_hashed: dict[str, int] = {}
@@ -72,28 +88,74 @@ class SlidingWindowManager:
 
     # ---- lookup -------------------------------------------------------------------------
 
-    def find_checkpoint(self, request: Request, max_position: int) -> CheckpointLookup:
-        """The largest recorded P ≤ max_position whose window blocks are all still cached."""
+    def find_checkpoint(
+        self,
+        request: Request,
+        max_position: int,
+        num_chain: int | None = None,
+        children: list[tuple[BlockHash, int]] = (),
+    ) -> CheckpointLookup:
+        """The largest recorded P ≤ max_position whose window blocks are all still cached.
+
+        `num_chain`: how many of the request's leading blocks the full group holds (default:
+        every full block up to max_position); `children`: (hash, matching tokens) of the cached
+        blocks that continue that chain, where a checkpoint inside a block may be found.
+        """
         evicted = 0
         size = self.block_size
-        tokens = request.all_token_ids
-        for position in range(max_position // size * size, 0, -size):
-            block_hash = request.block_hashes[position // size - 1]
-            if block_hash not in self.checkpoints:
-                continue
-            blocks = []
-            for index in range(self.first_needed_block(position), position // size):
-                block = self.block_pool.get_cached_block(
-                    request.block_hashes[index], tuple(tokens[index * size : (index + 1) * size])
-                )
-                if block is None:
-                    break
-                blocks.append(block)
+        if num_chain is None:
+            num_chain = max_position // size
+        for index in range((max_position - 1) // size, -1, -1):
+            if index < num_chain:
+                candidates = [(request.block_hashes[index], size)]
+            elif index == num_chain:
+                candidates = list(children)
             else:
-                self.checkpoints.move_to_end(block_hash)
-                return CheckpointLookup(position, blocks, evicted)
-            evicted = max(evicted, position)
+                continue
+            best: CheckpointLookup | None = None
+            for block_hash, matching in candidates:
+                limit = min(matching, max_position - index * size)
+                for offset in sorted(self.offsets.get(block_hash, ()), reverse=True):
+                    if offset > limit or (best and index * size + offset <= best.position):
+                        continue
+                    found = self._checkpoint_at(request, index, block_hash, offset)
+                    if found is None:
+                        evicted = max(evicted, index * size + offset)
+                    else:
+                        best = found
+                        break
+            if best is not None:
+                self.checkpoints.move_to_end(best.key)
+                best.evicted_position = evicted
+                return best
         return CheckpointLookup(0, [], evicted)
+
+    def _checkpoint_at(
+        self, request: Request, index: int, block_hash: BlockHash, offset: int
+    ) -> CheckpointLookup | None:
+        """The checkpoint (block_hash, offset) ending inside block `index`, if all its window
+        blocks are cached (and, inside a block, computed before this step: it is copied)."""
+        size = self.block_size
+        position = index * size + offset
+        key = (block_hash, offset)
+        tokens = request.all_token_ids
+        blocks = []
+        for i in range(self.first_needed_block(position), index):
+            block = self.block_pool.get_cached_block(
+                request.block_hashes[i], tuple(tokens[i * size : (i + 1) * size])
+            )
+            if block is None:
+                return None
+            blocks.append(block)
+        last = self.block_pool.get_block_by_hash(block_hash)
+        if last is None or last.token_ids[:offset] != tuple(tokens[index * size : position]):
+            return None
+        kind = self.checkpoint_kinds.get(key, "retention")
+        if offset == size:
+            return CheckpointLookup(position, [*blocks, last], 0, None, kind, key)
+        if not self.block_pool.is_ready(last):
+            return None
+        return CheckpointLookup(position, blocks, 0, last, kind, key)
 
     # ---- allocation (plan, then commit) ---------------------------------------------------
 
@@ -134,10 +196,18 @@ class SlidingWindowManager:
         if self.enable_caching:
             self._record_checkpoints(request, num_computed, min(end, request.num_tokens))
 
-    def free(self, request: Request) -> None:
-        """Release every block, newest first; the ones no checkpoint holds are reused first."""
+    def free(self, request: Request, tail: tuple[int, BlockHash, tuple] | None = None) -> None:
+        """Release every block, newest first; the ones no checkpoint holds are reused first.
+
+        `tail`: (index, hash, tokens) of the request's unfilled last block, cached in the full
+        group; checkpoints still pending inside it are recorded against it now.
+        """
+        table = self.req_to_blocks.get(request.request_id, [])
+        if tail is not None and self.enable_caching:
+            self._record_in_tail(request, table, *tail)
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_hashed.pop(request.request_id, None)
+        request.pending_checkpoints = []
         held = [block for block in reversed(table) if block is not None]
         self.block_pool.free_blocks(held, uncached_first=True)
 
@@ -162,24 +232,76 @@ class SlidingWindowManager:
         self.block_pool.free_blocks(released[::-1], uncached_first=True)
 
     def _record_checkpoints(self, request: Request, start: int, end: int) -> None:
-        """Hash the window before each policy position reached this step, and record it."""
+        """Hash the window before each checkpoint position reached this step and record it;
+        one inside a block waits (pending) until that block is full and has its hash."""
         size = self.block_size
         rid = request.request_id
         table = self.req_to_blocks[rid]
-        tokens = request.all_token_ids
-        for position in self.policy.checkpoint_positions(request, start, end):
+        for position, kind in self.policy.checkpoint_positions(request, start, end):
             last = position // size
             for index in range(max(self.first_needed_block(position), self.num_hashed[rid]), last):
-                block = table[index]
-                assert block is not None, "a checkpoint's window must still be held"
-                self.block_pool.cache_block(
-                    block,
-                    request.block_hashes[index],
-                    tuple(tokens[index * size : (index + 1) * size]),
-                    self.parent_hash(request, index),
-                )
+                self._cache(request, table, index)
             self.num_hashed[rid] = max(self.num_hashed[rid], last)
-            self.checkpoints[request.block_hashes[last - 1]] = position
-            self.checkpoints.move_to_end(request.block_hashes[last - 1])
-            if len(self.checkpoints) > self.max_checkpoints:
-                self.checkpoints.popitem(last=False)
+            if position % size == 0:
+                self._record((request.block_hashes[last - 1], size), position, kind)
+            else:
+                request.pending_checkpoints.append((position, kind))
+        pending = []
+        for position, kind in request.pending_checkpoints:
+            index = position // size
+            if (index + 1) * size <= end and index < len(request.block_hashes):
+                self._cache(request, table, index)
+                self._record((request.block_hashes[index], position % size), position, kind)
+            else:
+                pending.append((position, kind))
+        request.pending_checkpoints = pending
+
+    def _record_in_tail(
+        self,
+        request: Request,
+        table: list[KVCacheBlock | None],
+        index: int,
+        block_hash: BlockHash,
+        tokens: tuple,
+    ) -> None:
+        pending = [
+            (p, kind) for p, kind in request.pending_checkpoints if p // self.block_size == index
+        ]
+        block = table[index] if index < len(table) else None
+        if not pending or block is None:
+            return
+        self.block_pool.cache_block(block, block_hash, tokens, self.parent_hash(request, index))
+        for position, kind in pending:
+            if position - index * self.block_size <= len(tokens):
+                self._record((block_hash, position % self.block_size), position, kind)
+
+    def _cache(self, request: Request, table: list[KVCacheBlock | None], index: int) -> None:
+        block = table[index]
+        assert block is not None, "a checkpoint's window must still be held"
+        size = self.block_size
+        self.block_pool.cache_block(
+            block,
+            request.block_hashes[index],
+            tuple(request.all_token_ids[index * size : (index + 1) * size]),
+            self.parent_hash(request, index),
+        )
+
+    def _record(self, key: CheckpointKey, position: int, kind: str) -> None:
+        if kind == "junction" and key not in self.checkpoints:
+            self.num_junction_checkpoints += 1
+        self.checkpoints[key] = position
+        self.checkpoints.move_to_end(key)
+        if kind != "retention" or key not in self.checkpoint_kinds:
+            self.checkpoint_kinds[key] = kind
+        self.offsets.setdefault(key[0], set()).add(key[1])
+        while len(self.checkpoints) > self.max_checkpoints:
+            oldest = next(iter(self.checkpoints))
+            if oldest in self.pinned:
+                self.checkpoints.move_to_end(oldest)
+                continue
+            self.checkpoints.popitem(last=False)
+            self.checkpoint_kinds.pop(oldest, None)
+            offsets = self.offsets.get(oldest[0], set())
+            offsets.discard(oldest[1])
+            if not offsets:
+                self.offsets.pop(oldest[0], None)

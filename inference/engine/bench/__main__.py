@@ -8,7 +8,12 @@ JSON object). Progress goes to stderr.
 With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
 retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
 and one with prefix caching off, and prints reuse, lost tokens by reason, prefill time and
-checkpoint memory per policy.
+checkpoint memory per policy. The sweep models vLLM's rounding (no partial-block copy, no
+junctions, no shared prefill); `--exact-reuse` turns those on and declares a cache breakpoint
+where the head ends, so the whole head is reused at every interval.
+
+With `--fanout` it runs N requests sharing an uncached head at once, with one prefill per
+shared head on and off (see fanout).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from inference.engine import EngineConfig, LLMEngine
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
+from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.results import RunResult
 from inference.engine.bench.retention_sweep import (
@@ -80,6 +86,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="engine token budget per step"
     )
+    parser.add_argument(
+        "--exact-reuse",
+        action="store_true",
+        help="retention sweep: breakpoint at the head's end, partial-block copy and junctions on",
+    )
+    parser.add_argument(
+        "--fanout",
+        action="store_true",
+        help="--requests prompts sharing an uncached --head-tokens head, all at once: one "
+        "prefill per shared head on vs off (tails: --tail-tokens)",
+    )
+    parser.add_argument("--tail-tokens", type=int, default=100, help="--fanout: tail size")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
@@ -120,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_at_start = os.getloadavg()[0]
+    if args.fanout:
+        return _fanout_main(args, started, load_at_start)
     if args.intervals is not None:
         return _sweep_main(args, started, load_at_start)
     try:
@@ -151,14 +171,21 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
         )
 
     try:
+        exact = args.exact_reuse  # else vLLM's rounding: the talk's numbers
+        flags = dict(
+            enable_partial_block_reuse=exact,
+            enable_junction_checkpoints=exact,
+            enable_shared_prefill=exact,
+        )
         runs, workload = run_sweep(
-            lambda caching, interval: _engine(args, caching, retention_interval=interval),
+            lambda caching, interval: _engine(args, caching, interval, **flags),
             workload_of,
             args.intervals,
             head_tokens=args.head_tokens,
             concurrency=args.concurrency,
             max_tokens=args.max_tokens,
             progress=_progress,
+            breakpoint=args.head_tokens if exact else None,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -177,6 +204,15 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
         print(_header(meta))
         print(format_sweep(runs))
     return 0
+
+
+def _fanout_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
+    interval = args.intervals[0] if args.intervals else None
+    command = " ".join(["python -m inference.engine.bench", *args.argv])
+    meta = dict(command=command, started=started, load_at_start=load_at_start, cpu=_cpu_model())
+    return fanout_main(
+        args, lambda shared: _engine(args, True, interval, enable_shared_prefill=shared), meta
+    )
 
 
 def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
@@ -236,12 +272,14 @@ def _engine(
     enable_prefix_caching: bool,
     retention_interval: int | None = None,
     enable_jump_forward: bool = True,
+    **overrides,
 ) -> LLMEngine:
     config = {
         "model": args.model,
         "enable_prefix_caching": enable_prefix_caching,
         "enable_jump_forward": enable_jump_forward,
         "retention_interval": retention_interval,
+        **overrides,
     }
     if args.max_num_batched_tokens is not None:
         config["max_num_batched_tokens"] = args.max_num_batched_tokens

@@ -110,7 +110,7 @@ def run_interval(
 ) -> IntervalRun:
     """The first prompt alone, then the rest `concurrency` at a time, on a fresh engine."""
     # A one-token prompt fills no block: it warms the model and the grammar, caches nothing.
-    engine.generate("Hi", dataclasses.replace(params, max_tokens=2))
+    engine.generate("Hi", dataclasses.replace(params, max_tokens=2, cache_breakpoints=None))
     start = time.perf_counter()
     outputs = engine.generate(prompts[0], params)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="bench-worker") as pool:
@@ -137,6 +137,7 @@ def run_sweep(
     concurrency: int,
     max_tokens: int,
     progress: Callable[[str], None] = lambda message: None,
+    breakpoint: int | None = None,
 ) -> tuple[list[IntervalRun], Workload]:
     """Prefix caching off, then each interval; a fresh engine each. The workload is built with
     the first engine's tokenizer."""
@@ -152,7 +153,10 @@ def run_sweep(
                 workload = workload_of(engine)
                 prompts = exact_head_prompts(engine.tokenizer, workload, head_tokens)
             params = SamplingParams(
-                max_tokens=max_tokens, temperature=0.0, json_schema=workload.schema
+                max_tokens=max_tokens,
+                temperature=0.0,
+                json_schema=workload.schema,
+                cache_breakpoints=[breakpoint] if breakpoint and caching else None,
             )
             progress(f"{label}: {len(prompts)} requests")
             runs.append(run_interval(engine, label, interval, prompts, params, concurrency))

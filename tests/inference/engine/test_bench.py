@@ -234,3 +234,28 @@ def test_cli_rejects_a_bad_retention_interval(capsys) -> None:
             "--retention-interval", "1000"]  # fmt: skip
     assert main(argv) == 2
     assert "multiple of block_size" in capsys.readouterr().err
+
+
+def test_cli_exact_reuse_sweep_reuses_the_whole_head_at_every_interval(capsys) -> None:
+    argv = ["--model", "gemma3-tiny-random", "--requests", "3", "--concurrency", "2",
+            "--head-tokens", "600", "--retention-interval", "512,prompt-end", "--exact-reuse",
+            "--max-tokens", "4", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    sweep = json.loads(capsys.readouterr().out)["retention_sweep"]
+    for label in ("512", "prompt-end"):
+        assert (sweep[label]["reused"], sweep[label]["lost_to_retention"]) == (600, 0), label
+        assert sweep[label]["lost_to_alignment"] == 0
+
+
+def test_cli_fanout_computes_the_shared_head_once(capsys) -> None:
+    argv = ["--model", "gemma3-tiny-random", "--fanout", "--requests", "4", "--head-tokens",
+            "400", "--tail-tokens", "20", "--max-tokens", "2", "--retention-interval", "4096",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    on, off = data["fanout"]["runs"]
+    assert on["enable_shared_prefill"] and not off["enable_shared_prefill"]
+    assert on["num_prefill_tokens"] == 400 + 4 * 20
+    assert off["num_prefill_tokens"] > on["num_prefill_tokens"]
+    assert sorted(on["reused"]) == [0, 400, 400, 400]
+    assert data["fanout"]["ttft_ratio_off_over_on"] > 0

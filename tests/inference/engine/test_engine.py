@@ -54,17 +54,25 @@ def test_prefix_caching_changes_nothing_but_speed(tiny_engine, tiny_engine_uncac
         shared = 0
         while shared < min(len(prompt), len(base)) and prompt[shared] == base[shared]:
             shared += 1
-        expected = min(shared, len(prompt) - 1) // block * block
+        expected = min(shared, len(prompt) - 1)  # token-exact (partial-block copy)
         assert out.metrics.num_cached_tokens >= expected  # earlier prompts may have added blocks
-    assert cached[-1].metrics.num_cached_tokens == 80  # (96 - 1) // 16 * 16
+    assert block == 16
+    # The same 96 tokens again: all but the last (whose logits are needed), block 5's first 15
+    # slots copied from the earlier prompt's block (its unfilled tail was cached at the end).
+    assert cached[-1].metrics.num_cached_tokens == 95
 
 
-def test_cached_tokens_equal_the_shared_prefix_rounded_down_to_the_block(tiny_engine):
+def test_cached_tokens_equal_the_shared_prefix_exactly(tiny_engine, make_tiny_engine):
     salt = uuid.uuid4().hex
-    head = list(range(100, 150))  # 50 tokens: 3 full blocks
-    tiny_engine.generate([*head, 7, 8, 9], SamplingParams(max_tokens=1, cache_salt=salt))
-    out = tiny_engine.generate([*head, 1, 2, 3, 4], SamplingParams(max_tokens=1, cache_salt=salt))
-    assert out[0].metrics.num_cached_tokens == 48
+    head = list(range(100, 150))  # 50 tokens: 3 full blocks and 2 tokens
+    params = SamplingParams(max_tokens=1, cache_salt=salt)
+    tiny_engine.generate([*head, 7, 8, 9], params)
+    out = tiny_engine.generate([*head, 1, 2, 3, 4], params)
+    assert out[0].metrics.num_cached_tokens == 50  # 2 slots copied from the first one's tail
+    rounding = make_tiny_engine(enable_partial_block_reuse=False)
+    rounding.generate([*head, 7, 8, 9], params)
+    out = rounding.generate([*head, 1, 2, 3, 4], params)
+    assert out[0].metrics.num_cached_tokens == 48  # rounded down to the block
 
 
 def test_json_schema_output_always_parses_and_validates(tiny_engine):

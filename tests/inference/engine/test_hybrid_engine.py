@@ -10,6 +10,10 @@ import pytest
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 
 GREEDY = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+# vLLM's behaviour, which the talk measured: reuse rounds down to blocks and to the grid.
+ROUNDING = dict(
+    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +51,9 @@ def accounted(metrics) -> int:
 )
 def test_the_talks_numbers_reproduce(make_engine, interval, head, reused):
     """Shared head 2,247 tokens: nothing at interval 4,096, 2,048 at 2,048; head 3,362: 3,072 at
-    1,024. The rest of the head is lost to retention, its partial last block to alignment."""
-    engine = make_engine(retention_interval=interval)
+    1,024. The rest of the head is lost to retention, its partial last block to alignment.
+    (With vLLM's rounding; test_exact_reuse has the same heads reused whole.)"""
+    engine = make_engine(retention_interval=interval, **ROUNDING)
     rng = random.Random(head)
     shared = random_tokens(rng, head)
     params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -96,11 +101,18 @@ def test_batched_and_chunked_requests_with_a_small_pool_match_uncached(make_engi
     expected = [
         o.token_ids for o in make_engine(enable_prefix_caching=False).generate(prompts, params)
     ]
-    engine = make_engine(retention_interval=128, num_kv_blocks=50, max_num_batched_tokens=256)
+    small = dict(retention_interval=128, num_kv_blocks=50, max_num_batched_tokens=256)
+    # Each prefilling on its own: the pool runs out, requests are preempted, blocks evicted.
+    engine = make_engine(enable_shared_prefill=False, **small)
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     stats = engine.stats()
     assert stats.num_preemptions > 0 and stats.num_lost_to_eviction > 0
+    assert all(accounted(o.metrics) == len(p) for o, p in zip(outs, prompts, strict=True))
+    # One prefill per shared head: followers wait for the leader, so the pool suffices.
+    engine = make_engine(**small)
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
     assert all(accounted(o.metrics) == len(p) for o, p in zip(outs, prompts, strict=True))
 
 

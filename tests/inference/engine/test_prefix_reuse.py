@@ -83,14 +83,16 @@ def test_engine_metrics_carry_the_accounting(tiny_engine):
     assert (first.num_cached_tokens, first.num_cold_tokens) == (0, 64)
     before = tiny_engine.stats()
     out = tiny_engine.generate([*head, 1, 2, 3, 4], params)[0].metrics
-    assert out.num_cached_tokens == 48
-    assert (out.num_lost_to_alignment, out.num_lost_to_retention) == (2, 0)
+    # Token-exact: 3 whole blocks, then 2 slots copied from the first prompt's 4th block.
+    assert out.num_cached_tokens == 50 and out.reuse_source == "block_chain"
+    assert (out.num_lost_to_alignment, out.num_lost_to_retention) == (0, 0)
     assert (out.num_lost_to_eviction, out.num_cold_tokens) == (0, 4)
-    assert out.lost_tokens() == {"retention": 0, "alignment": 2, "eviction": 0}
+    assert out.lost_tokens() == {"retention": 0, "alignment": 0, "eviction": 0}
     after = tiny_engine.stats()
-    assert after.num_lost_to_alignment - before.num_lost_to_alignment == 2
+    assert after.num_lost_to_alignment - before.num_lost_to_alignment == 0
     assert after.num_cold_tokens - before.num_cold_tokens == 4
-    assert after.prefix_cache_hits - before.prefix_cache_hits == 48
+    assert after.prefix_cache_hits - before.prefix_cache_hits == 50
+    assert after.num_partial_block_copies - before.num_partial_block_copies == 1
 
 
 def test_another_tenants_blocks_are_cold_not_alignment():

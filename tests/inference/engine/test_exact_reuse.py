@@ -1,0 +1,122 @@
+"""Reuse that never rounds down (gemma3-tiny-random: 5 sliding layers, window 512, 1 global):
+declared breakpoints reuse the talk's whole heads at every retention interval; random
+divergence points are reused exactly (junctions); outputs equal the uncached engine's."""
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from inference.engine import EngineConfig, LLMEngine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def make_engine():
+    engines = []
+
+    def make(**overrides):
+        config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
+        config.update(overrides)
+        engines.append(LLMEngine(EngineConfig(**config)))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("interval", [4096, 2048, 1024, None, 0])
+def test_a_breakpoint_reuses_the_talks_whole_heads_at_every_interval(make_engine, interval):
+    engine = make_engine(retention_interval=interval)
+    for head in (2247, 3362):
+        rng = random.Random(head)
+        shared = random_tokens(rng, head)
+        params = SamplingParams(max_tokens=1, temperature=0.0, cache_breakpoints=[head])
+        metrics = [engine.generate(shared + random_tokens(rng, 40), params)[0].metrics]
+        metrics += [engine.generate(shared + random_tokens(rng, 40), params)[0].metrics]
+        metrics += [engine.generate(shared + random_tokens(rng, 40), params)[0].metrics]
+        assert metrics[0].num_cached_tokens == 0 and metrics[0].reuse_source == "none"
+        for m in metrics[1:]:
+            assert m.num_cached_tokens == head, (interval, head)
+            assert m.num_lost_to_retention == m.num_lost_to_alignment == 0
+            assert m.reuse_source == "breakpoint"
+    assert engine.stats().num_partial_block_copies >= 4
+
+
+def test_without_the_partial_block_copy_a_breakpoint_rounds_to_the_block(make_engine):
+    engine = make_engine(retention_interval=2048, enable_partial_block_reuse=False)
+    for head, rounded in ((2247, 2240), (3362, 3360)):
+        rng = random.Random(head)
+        shared = random_tokens(rng, head)
+        params = SamplingParams(max_tokens=1, temperature=0.0, cache_breakpoints=[head])
+        engine.generate(shared + random_tokens(rng, 40), params)
+        second = engine.generate(shared + random_tokens(rng, 40), params)[0].metrics
+        assert second.num_cached_tokens == rounded
+        assert (second.num_lost_to_retention, second.num_lost_to_alignment) == (0, head - rounded)
+
+
+def _run_all(engine, jobs):
+    """jobs: (prompt, params); run at once (batched together), outputs in order."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(lambda job: engine.generate(*job)[0], jobs))
+
+
+def test_random_divergence_points_are_reused_exactly(make_engine):
+    """≥ 200 trials over block sizes and intervals. Per trial a head of random length S, then
+    prompts A, B, C that share exactly S tokens, in that order. With a breakpoint at S on A, B
+    resumes at S; without, B finds the junction at S and keeps a checkpoint there, so C does.
+    Full-attention model: B resumes at S with no checkpoint at all. Greedy outputs equal the
+    uncached engine's."""
+    uncached = make_engine(enable_prefix_caching=False, max_num_batched_tokens=4096)
+    rng = random.Random(4)
+    # (block size, retention interval); few engines, as each takes seconds to build.
+    configs = [(4, None), (8, 0), (16, 64), (32, 512), (16, 2048)]
+    num_trials = 0
+    for block_size, interval in configs:
+        engine = make_engine(
+            block_size=block_size,
+            retention_interval=interval,
+            num_kv_blocks=60_000 // block_size,
+            max_num_batched_tokens=4096,
+            max_num_seqs=40,
+        )
+        trials = []
+        for _ in range(40):
+            shared = rng.randrange(1, 600)
+            head = random_tokens(rng, shared)
+            tails = [random_tokens(rng, rng.randrange(1, 30)) for _ in range(3)]
+            while len({t[0] for t in tails}) < 3:  # the prompts part exactly at S
+                tails = [random_tokens(rng, rng.randrange(1, 30)) for _ in range(3)]
+            trials.append((shared, [head + t for t in tails], rng.random() < 0.5))
+        outputs = []
+        for step in range(3):
+            jobs = []
+            for shared, prompts, declared in trials:
+                bp = [shared] if declared and step == 0 else None
+                jobs.append(
+                    (
+                        prompts[step],
+                        SamplingParams(max_tokens=3, temperature=0.0, cache_breakpoints=bp),
+                    )
+                )
+            outputs.append(_run_all(engine, jobs))
+        reference = _run_all(
+            uncached,
+            [(p, SamplingParams(max_tokens=3, temperature=0.0)) for _, ps, _ in trials for p in ps],
+        )
+        for index, (shared, _, declared) in enumerate(trials):
+            a, b, c = (outputs[step][index] for step in range(3))
+            assert a.metrics.num_cached_tokens == 0
+            if declared:
+                assert b.metrics.num_cached_tokens == shared, (block_size, interval, shared)
+            assert c.metrics.num_cached_tokens == shared, (block_size, interval, shared, declared)
+            assert [o.token_ids for o in (a, b, c)] == [
+                r.token_ids for r in reference[3 * index : 3 * index + 3]
+            ]
+            num_trials += 1
+        assert engine.stats().num_junction_checkpoints > 0
+    assert num_trials >= 200
