@@ -162,3 +162,27 @@ def _engine_generate(
         num_prompt_tokens=len(output.prompt_token_ids),
         metrics=metrics,
     )
+
+
+def completion_head_warm(*, messages: list[dict[str, Any]], cache_salt: str | None) -> int:
+    """Compute a prompt head (chat messages, rendered without a generation prompt) on this
+    process's engine and pin it, so requests starting with it reuse it from the first on;
+    returns the pin's handle for `completion_head_unpin`."""
+    if remote_is_configured():
+        raise CompletionInputError(
+            "an external OpenAI-compatible server answers completions here: it keeps its own "
+            "cache, and heads cannot be warmed from this side"
+        )
+    _messages_check(messages)
+    try:
+        return engine_get().warm(messages, pin=True, cache_salt=cache_salt).handle
+    except ValueError as exc:
+        raise CompletionInputError(str(exc)) from exc
+
+
+def completion_head_unpin(*, handle: int) -> None:
+    """Let a warmed head be evicted again."""
+    try:
+        engine_get().unpin(handle)
+    except ValueError as exc:
+        raise CompletionInputError(str(exc)) from exc

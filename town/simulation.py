@@ -110,8 +110,12 @@ def tick_run(
     owner: str,
     poll_s: float = 0.2,
     progress: Progress | None = None,
+    before_decide: Callable[[Tick], None] | None = None,
 ) -> Tick | None:
-    """Advance the run by one tick; None if another process holds the run's lease."""
+    """Advance the run by one tick; None if another process holds the run's lease.
+
+    `before_decide(tick)` runs once the tick's decisions exist, before any is sent (the
+    experiment warms the tick's shared head there)."""
     run = Run.objects.get(pk=run_id)
     if not services.run_lease_take(run=run, owner=owner, seconds=LEASE_S):
         logger.info("run %s is advanced by another process; skipping it", run_id)
@@ -122,6 +126,8 @@ def tick_run(
 
     tick = services.tick_begin(run=run)
     logger.info("run %s: tick %s (day %s %s)", run.pk, tick.index, tick.day, tick.phase)
+    if before_decide is not None:
+        before_decide(tick)
     _tick_decide(run=run, tick=tick, send=send, poll_s=poll_s, progress=progress, renew=renew)
     return services.tick_finish(tick=tick)
 

@@ -182,6 +182,11 @@ def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
     return stored == 1
 
 
+def decision_cache_salt(run) -> str:
+    """Runs never share cached prefixes, so each run's numbers are its own."""
+    return f"run-{run.pk}"
+
+
 def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bool:
     """Run the decision's prompt on this process's engine and store output and metrics.
 
@@ -200,7 +205,7 @@ def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bo
             temperature=run.temperature,
             seed=_decision_seed(decision),
             # Runs do not share cached prefixes, so each run's numbers are its own.
-            cache_salt=f"run-{run.pk}",
+            cache_salt=decision_cache_salt(run),
         )
     except CompletionInputError as exc:
         return _decision_answer(decision=decision, status=D.FAILED, error=f"engine refused: {exc}")
