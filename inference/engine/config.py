@@ -26,6 +26,9 @@ class EngineConfig:
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
     # multiples of N (a multiple of block_size). Reuse rounds down to this grid.
     retention_interval: int | None = None
+    # Chat messages marked "cache": True end in a cache breakpoint (a window checkpoint kept
+    # exactly there). Off: the marks are ignored, as vLLM does (SamplingParams still count).
+    enable_chat_breakpoints: bool = True
     # Token-exact reuse: a match that ends inside a block copies that block's matching slots
     # into a fresh block (copy-on-write) instead of recomputing the block. Off: block-rounded.
     enable_partial_block_reuse: bool = True

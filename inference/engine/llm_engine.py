@@ -271,7 +271,8 @@ class LLMEngine:
         if not token_ids:
             raise ValueError("prompt is empty")
         breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        is_chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+        if is_chat and self.config.enable_chat_breakpoints:
             marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
             breakpoints = sorted({*breakpoints, *marked})
         if len(token_ids) >= self.max_model_len:

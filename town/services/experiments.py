@@ -40,9 +40,9 @@ class ExperimentStep:
     change: str  # what the talk changed at this step
     layout: str
     talk_interval: int  # the talk's retention interval, tokens
-    # Our engine's own best: a checkpoint at every block, the tick's shared head warmed and
-    # pinned before its decisions fan out (cache breakpoints and one prefill per shared head
-    # are on in every step: the engine takes them from the prompts' "cache" marks).
+    # Our engine's own best: cache breakpoints from the prompts' "cache" marks, token-exact
+    # reuse, junction checkpoints, one prefill per shared head, a checkpoint at every block,
+    # and the tick's shared head warmed and pinned before its decisions fan out.
     best_engine: bool = False
 
 
@@ -54,7 +54,11 @@ TALK_STEPS = (
     ExperimentStep(5, "retention 2,048 → 1,024", "shared_head", 1024),
     ExperimentStep(6, "output format only in the schema", "shared_head_schema_only", 1024),
     ExperimentStep(
-        7, "our engine: warm pinned head, dense checkpoints", "shared_head_schema_only", 1024, True
+        7,
+        "our engine: breakpoints, exact reuse, warm pinned head",
+        "shared_head_schema_only",
+        1024,
+        True,
     ),
 )
 PRESETS = {"talk": TALK_STEPS}
@@ -180,6 +184,21 @@ def _run_ticks(*, run: Run, ticks: int, warm_head: bool) -> Run:
     return run
 
 
+# Steps 1–6 model the engine the talk used (vLLM): reuse rounds down to the block and the
+# retention grid, "cache" marks are ignored, concurrent requests each prefill their head.
+# Step 7 turns our engine's answers on.
+_VLLM_LIKE = {
+    "enable_chat_breakpoints": False,
+    "enable_partial_block_reuse": False,
+    "enable_junction_checkpoints": False,
+    "enable_shared_prefill": False,
+}
+
+
+def _features(step: ExperimentStep) -> dict[str, bool]:
+    return {name: step.best_engine for name in _VLLM_LIKE}
+
+
 def experiment_run(
     *,
     town: Town,
@@ -212,7 +231,7 @@ def experiment_run(
         # Step 7 keeps a window checkpoint at every block (dense): our engine's answer to the
         # retention grid, at the memory cost vLLM's interval exists to avoid.
         interval = None if step.best_engine else scaling.interval(step.talk_interval)
-        with engine_configured(**base, retention_interval=interval):
+        with engine_configured(**base, retention_interval=interval, **_features(step)):
             run = run_create(
                 town=town,
                 layout=step.layout,
