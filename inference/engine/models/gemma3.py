@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention import AttentionMetadata, paged_attention, write_kv
+from inference.engine.models.llama import LlamaMLP
 
 LAYER_TYPES = ("full", "sliding")
 # llama.cpp and transformers both fix the pattern at 5 sliding layers to 1 global for Gemma 3
@@ -161,16 +162,8 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: Gemma3Config) -> None:
-        super().__init__()
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 _LAYER_NORMS = (
@@ -189,7 +182,7 @@ class Gemma3DecoderLayer(nn.Module):
         for name in _LAYER_NORMS:
             setattr(self, name, nn.Parameter(torch.ones(cfg.hidden_size)))
         self.self_attn = Gemma3Attention(cfg, layer_type)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = LlamaMLP(cfg, activation=_gelu_tanh)  # GeGLU
 
     def forward(self, x, rope, kv_cache, meta) -> torch.Tensor:
         shape = x.shape[-1:]

@@ -6,6 +6,7 @@ gguf_names_to_hf maps a GGUF file's names and un-permutes its Q/K rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,15 +142,18 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    """Gated MLP, down(act(gate) * up): SiLU for llama (SwiGLU), tanh-GELU for Gemma (GeGLU)."""
+
+    def __init__(self, cfg: Any, activation: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
+        self.activation = activation
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -31,6 +31,9 @@ def smollm2_metadata(smollm2_gguf_path: Path) -> dict[str, Any]:
 #   tokenizer and chat template, a 2-layer random-weight llama), prefix caching on / off.
 #   Shared by the session: tests must not depend on what is or is not cached from earlier
 #   tests unless they use a fresh `cache_salt`.
+# - `make_hybrid_engine`: build an LLMEngine on "gemma3-tiny-random" (5 sliding layers, window
+#   512, and 1 global one) with overrides; module-scoped, so each module's engines are shut down
+#   when it ends.
 # - `smollm2_engine`: the real model, loaded once (`real_model` tests only).
 
 
@@ -75,3 +78,18 @@ def smollm2_engine():
     engine = _engine(model="smollm2-135m-instruct", max_num_batched_tokens=512, num_kv_blocks=None)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def make_hybrid_engine():
+    engines = []
+
+    def make(**overrides):
+        config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
+        config.update(overrides)
+        engines.append(_engine(**config))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.shutdown()

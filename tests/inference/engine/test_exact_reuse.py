@@ -7,31 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from inference.engine import EngineConfig, LLMEngine, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def make_engine():
-    engines = []
-
-    def make(**overrides):
-        config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
-        config.update(overrides)
-        engines.append(LLMEngine(EngineConfig(**config)))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
-
-
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(1000, 200_000) for _ in range(n)]
+from inference.engine import SamplingParams
+from tests.inference.engine.helpers import random_tokens
 
 
 @pytest.mark.parametrize("interval", [4096, 2048, 1024, None, 0])
-def test_a_breakpoint_reuses_the_talks_whole_heads_at_every_interval(make_engine, interval):
-    engine = make_engine(retention_interval=interval)
+def test_a_breakpoint_reuses_the_talks_whole_heads_at_every_interval(make_hybrid_engine, interval):
+    engine = make_hybrid_engine(retention_interval=interval)
     for head in (2247, 3362):
         rng = random.Random(head)
         shared = random_tokens(rng, head)
@@ -47,8 +29,8 @@ def test_a_breakpoint_reuses_the_talks_whole_heads_at_every_interval(make_engine
     assert engine.stats().num_partial_block_copies >= 4
 
 
-def test_without_the_partial_block_copy_a_breakpoint_rounds_to_the_block(make_engine):
-    engine = make_engine(retention_interval=2048, enable_partial_block_reuse=False)
+def test_without_the_partial_block_copy_a_breakpoint_rounds_to_the_block(make_hybrid_engine):
+    engine = make_hybrid_engine(retention_interval=2048, enable_partial_block_reuse=False)
     for head, rounded in ((2247, 2240), (3362, 3360)):
         rng = random.Random(head)
         shared = random_tokens(rng, head)
@@ -65,19 +47,19 @@ def _run_all(engine, jobs):
         return list(pool.map(lambda job: engine.generate(*job)[0], jobs))
 
 
-def test_random_divergence_points_are_reused_exactly(make_engine):
+def test_random_divergence_points_are_reused_exactly(make_hybrid_engine):
     """≥ 200 trials over block sizes and intervals. Per trial a head of random length S, then
     prompts A, B, C that share exactly S tokens, in that order. With a breakpoint at S on A, B
     resumes at S; without, B finds the junction at S and keeps a checkpoint there, so C does.
     Full-attention model: B resumes at S with no checkpoint at all. Greedy outputs equal the
     uncached engine's."""
-    uncached = make_engine(enable_prefix_caching=False, max_num_batched_tokens=4096)
+    uncached = make_hybrid_engine(enable_prefix_caching=False, max_num_batched_tokens=4096)
     rng = random.Random(4)
     # (block size, retention interval); few engines, as each takes seconds to build.
     configs = [(4, None), (8, 0), (16, 64), (32, 512), (16, 2048)]
     num_trials = 0
     for block_size, interval in configs:
-        engine = make_engine(
+        engine = make_hybrid_engine(
             block_size=block_size,
             retention_interval=interval,
             num_kv_blocks=60_000 // block_size,

@@ -8,31 +8,13 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from tests.inference.engine.helpers import random_tokens
 
 GREEDY = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
 # vLLM's behaviour, which the talk measured: reuse rounds down to blocks and to the grid.
 ROUNDING = dict(
     enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
 )
-
-
-@pytest.fixture(scope="module")
-def make_engine():
-    engines = []
-
-    def make(**overrides):
-        config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
-        config.update(overrides)
-        engines.append(LLMEngine(EngineConfig(**config)))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
-
-
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(1000, 200_000) for _ in range(n)]
 
 
 def accounted(metrics) -> int:
@@ -49,11 +31,11 @@ def accounted(metrics) -> int:
     ("interval", "head", "reused"),
     [(4096, 2247, 0), (2048, 2247, 2048), (1024, 3362, 3072), (None, 2247, 2240)],
 )
-def test_the_talks_numbers_reproduce(make_engine, interval, head, reused):
+def test_the_talks_numbers_reproduce(make_hybrid_engine, interval, head, reused):
     """Shared head 2,247 tokens: nothing at interval 4,096, 2,048 at 2,048; head 3,362: 3,072 at
     1,024. The rest of the head is lost to retention, its partial last block to alignment.
     (With vLLM's rounding; test_exact_reuse has the same heads reused whole.)"""
-    engine = make_engine(retention_interval=interval, **ROUNDING)
+    engine = make_hybrid_engine(retention_interval=interval, **ROUNDING)
     rng = random.Random(head)
     shared = random_tokens(rng, head)
     params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -72,7 +54,7 @@ def test_the_talks_numbers_reproduce(make_engine, interval, head, reused):
     assert (stats.num_checkpoints > 0) == (stats.checkpoint_memory_bytes > 0) == (reused > 0)
 
 
-def test_outputs_with_reuse_equal_outputs_without(make_engine):
+def test_outputs_with_reuse_equal_outputs_without(make_hybrid_engine):
     rng = random.Random(99)
     base = random_tokens(rng, 1400)
     prompts = [base]
@@ -81,10 +63,12 @@ def test_outputs_with_reuse_equal_outputs_without(make_engine):
         prompts.append(base[:shared] + random_tokens(rng, rng.randrange(1, 60)))
     prompts.append(list(base[:1024]))  # a prefix of the first prompt, whole
     prompts.append(prompts[2] + random_tokens(rng, 20))  # a follow-up turn: its prompt end hits
-    uncached = make_engine(enable_prefix_caching=False).generate(prompts, SamplingParams(**GREEDY))
+    uncached = make_hybrid_engine(enable_prefix_caching=False).generate(
+        prompts, SamplingParams(**GREEDY)
+    )
     expected = [out.token_ids for out in uncached]
     for interval in (None, 0, 256, 512):
-        engine = make_engine(retention_interval=interval)
+        engine = make_hybrid_engine(retention_interval=interval)
         outs = [engine.generate(p, SamplingParams(**GREEDY))[0] for p in prompts]
         assert [out.token_ids for out in outs] == expected, interval
         assert all(accounted(out.metrics) == len(p) for out, p in zip(outs, prompts, strict=True))
@@ -92,32 +76,33 @@ def test_outputs_with_reuse_equal_outputs_without(make_engine):
         assert reused > 0, interval
 
 
-def test_batched_and_chunked_requests_with_a_small_pool_match_uncached(make_engine):
+def test_batched_and_chunked_requests_with_a_small_pool_match_uncached(make_hybrid_engine):
     """Requests in flight together, prefilled in chunks, with a pool small enough to preempt."""
     rng = random.Random(5)
     head = random_tokens(rng, 700)
     prompts = [head[: rng.randrange(300, 700)] + random_tokens(rng, 30) for _ in range(6)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     expected = [
-        o.token_ids for o in make_engine(enable_prefix_caching=False).generate(prompts, params)
+        o.token_ids
+        for o in make_hybrid_engine(enable_prefix_caching=False).generate(prompts, params)
     ]
     small = dict(retention_interval=128, num_kv_blocks=50, max_num_batched_tokens=256)
     # Each prefilling on its own: the pool runs out, requests are preempted, blocks evicted.
-    engine = make_engine(enable_shared_prefill=False, **small)
+    engine = make_hybrid_engine(enable_shared_prefill=False, **small)
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     stats = engine.stats()
     assert stats.num_preemptions > 0 and stats.num_lost_to_eviction > 0
     assert all(accounted(o.metrics) == len(p) for o, p in zip(outs, prompts, strict=True))
     # One prefill per shared head: followers wait for the leader, so the pool suffices.
-    engine = make_engine(**small)
+    engine = make_hybrid_engine(**small)
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert all(accounted(o.metrics) == len(p) for o, p in zip(outs, prompts, strict=True))
 
 
-def test_running_sequence_holds_only_its_window_in_the_sliding_group(make_engine):
-    engine = make_engine(max_num_batched_tokens=128)
+def test_running_sequence_holds_only_its_window_in_the_sliding_group(make_hybrid_engine):
+    engine = make_hybrid_engine(max_num_batched_tokens=128)
     rng = random.Random(3)
     prompt = random_tokens(rng, 1500)
     held = []
