@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from inference.engine.decode_windows import DecodeBatch, decode_attention
 from inference.engine.sliding_attention import windowed_attention
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class AttentionMetadata:
     # Sliding-window layers' own metadata when their cache is a separate (window-sized) group;
     # None: they read the same slots as full layers and the window is applied by mask alone.
     sliding: AttentionMetadata | None = None
+    # Full layers, torch path: the one-token spans read together, window by window.
+    decode: DecodeBatch | None = None
 
 
 def plan_span(
@@ -211,6 +214,13 @@ def paged_attention(
         qs = q[span.query_start : span.query_start + span.query_len].transpose(0, 1)
         return qs.reshape(1, n_kv, group * span.query_len, head_dim)  # (1, KVH, G*q_len, D)
 
+    batched: set[int] = set()
+    if meta.decode is not None:
+        batched = set(meta.decode.span_indices)
+        out[meta.decode.rows] = decode_attention(
+            q, k_cache, v_cache, meta.decode, scale, _flash_masked
+        )
+
     shared_parts = {}
     if meta.shared is not None:
         shared = meta.shared
@@ -223,6 +233,8 @@ def paged_attention(
             shared_parts[i] = (o[:, :, rows], lse[:, :, rows])
 
     for index, span in enumerate(meta.spans):
+        if index in batched:
+            continue
         # Without a window every key counts: the listed context must start at position 0.
         assert span.cached_start == (meta.shared.num_slots if index in shared_parts else 0)
         rows = slice(span.query_start, span.query_start + span.query_len)
@@ -254,6 +266,16 @@ def _flash(q, k, v, causal: bool, scale: float):
             q, k, v, 0.0, causal, scale=scale
         )
     return _sdpa_with_lse(q, k, v, causal, scale)
+
+
+def _flash_masked(q, k, v, mask, scale: float):
+    """Attention with an additive mask (broadcast over heads): (output, logsumexp)."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
+    scores = (q @ k.transpose(-1, -2)) * scale + mask
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
 
 
 def _causal_part(qs, k_new, v_new, group: int, scale: float):

@@ -59,6 +59,9 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     # JSON-schema output: append the tokens the grammar forces without a model step of their own.
     enable_jump_forward: bool = True
+    # Torch path: all decoding sequences of a step read their contexts together, one masked
+    # attention call per window of nearby slots (see decode_windows). Off: one call per span.
+    enable_decode_windows: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -113,6 +113,7 @@ class LLMEngine:
             use_kernels=config.attention_backend == "triton",
             cuda_graph_max_len=self.max_model_len if config.enable_cuda_graphs else None,
             max_num_seqs=config.max_num_seqs,
+            decode_windows=config.enable_decode_windows,
         )
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)

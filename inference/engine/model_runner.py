@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine.attention import AttentionMetadata, plan_shared_prefix, plan_span
+from inference.engine.decode_windows import DecodeBatch, plan_decode_batch, slot_runs
 from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
 from inference.engine.models import LoadedModel
 from inference.engine.partial_blocks import BlockCopy
@@ -40,12 +41,14 @@ class ModelRunner:
         use_kernels: bool = False,
         cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
         max_num_seqs: int = 1,
+        decode_windows: bool = True,
     ) -> None:
         self.model = loaded.model.to(dtype)
         self.device = device
         self.block_size = block_size
         self.structured = structured
         self.use_kernels = use_kernels
+        self.decode_windows = decode_windows and not use_kernels
         if use_kernels:
             from inference.engine.kernels._common import check_device
 
@@ -101,7 +104,9 @@ class ModelRunner:
         sampling: list[Request] = []
         logits_rows: list[int] = []
         kernel_spans: list[ScheduledSpan] = []
-        shared = None if self.use_kernels else self._plan_shared_prefix(output)
+        decode = self._plan_decode_batch(output) if self.decode_windows else None
+        # The decode windows read a head shared by the decoding sequences once already.
+        shared = None if self.use_kernels or decode else self._plan_shared_prefix(output)
         for index, scheduled in enumerate(output.scheduled):
             request = scheduled.request
             start = request.num_computed_tokens
@@ -138,6 +143,7 @@ class ModelRunner:
             meta = AttentionMetadata(
                 torch.tensor(slot_mapping, device=self.device), spans, shared[0] if shared else None
             )
+            meta.decode = decode
             if self.use_kernels:
                 meta.kernel = build_kernel_metadata(kernel_spans, self.block_size, self.device)
             if self.has_sliding:
@@ -166,6 +172,20 @@ class ModelRunner:
         cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
         src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
         copy_slots(cache, src, torch.tensor(dst_slots, dtype=torch.long, device=self.device))
+
+    def _plan_decode_batch(self, output: SchedulerOutput) -> DecodeBatch | None:
+        """The one-token sequences of this step and the slots of their contexts (their new
+        token's included: it is written before attention reads)."""
+        indices, rows, runs = [], [], []
+        query_start = 0
+        for index, scheduled in enumerate(output.scheduled):
+            if scheduled.num_new_tokens == 1:
+                num_slots = scheduled.request.num_computed_tokens + 1
+                indices.append(index)
+                rows.append(query_start)
+                runs.append(slot_runs(scheduled.block_ids, num_slots, self.block_size))
+            query_start += scheduled.num_new_tokens
+        return plan_decode_batch(indices, rows, runs, self.device)
 
     def _plan_shared_prefix(self, output: SchedulerOutput):
         """Leading cached blocks shared by the decoding requests of this step, if any."""

@@ -222,7 +222,10 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
         spec = ENGINE_RUNS[name]
         _progress(f"{name}: loading a fresh engine")
         engine = _engine(
-            args, spec.enable_prefix_caching, enable_jump_forward=spec.enable_jump_forward
+            args,
+            spec.enable_prefix_caching,
+            enable_jump_forward=spec.enable_jump_forward,
+            enable_decode_windows=spec.enable_decode_windows,
         )
         try:
             workload = workload or _workload(engine, args)

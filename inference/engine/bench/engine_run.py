@@ -25,6 +25,8 @@ class EngineRunSpec:
     match_output_lengths: bool = False
     # Jump-forward: the tokens the schema forces are appended without a model step of their own.
     enable_jump_forward: bool = True
+    # Decode windows: the decoding sequences' contexts read together (see decode_windows).
+    enable_decode_windows: bool = True
 
 
 ENGINE_RUNS: dict[str, EngineRunSpec] = {
@@ -36,6 +38,8 @@ ENGINE_RUNS: dict[str, EngineRunSpec] = {
                       True, False, match_output_lengths=True),
         EngineRunSpec("no_jump", "engine, prefix caching on, JSON schema on, no jump-forward",
                       True, True, enable_jump_forward=False),
+        EngineRunSpec("no_windows", "engine, prefix caching on, JSON schema on, decode span by "
+                      "span", True, True, enable_decode_windows=False),
     ]
 }  # fmt: skip
 

@@ -107,6 +107,9 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
         # Not one of the issue's targets: what jump-forward buys (it must never cost).
         Ratio("jump_forward_requests_per_min_over_without",
               ratio("cached", "requests_per_min", "no_jump"), 1.0, True),
+        # Nor this: what reading the decoding sequences' contexts window by window buys.
+        Ratio("decode_windows_decode_per_token_over_span_by_span",
+              ratio("cached", "decode_s_per_token", "no_windows"), 1.0, False),
     ]  # fmt: skip
 
 
