@@ -31,6 +31,7 @@ from inference.engine import EngineConfig, LLMEngine
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.fanout import fanout_main
+from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.results import RunResult
 from inference.engine.bench.retention_sweep import (
@@ -143,12 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.intervals is not None:
         return _sweep_main(args, started, load_at_start)
     try:
-        runs, workload = _run_all(args)
+        runs, workload, floor = _run_all(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     summaries = {run.name: summarize(run) for run in runs}
     meta = _meta(args, workload, started, load_at_start)
+    floor_lines = format_floor(floor, {n: s.requests_per_min for n, s in summaries.items()})
+    if floor is not None:
+        meta["compute_floor"] = {
+            "total_s": floor.total_s,
+            "requests_per_min": floor.requests_per_min,
+            "prefill_linear_s": floor.prefill_linear_s,
+            "prefill_attention_s": floor.prefill_attention_s,
+            "decode_s": floor.decode_s,
+        }
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             f.write(to_json(meta, runs, summaries) + "\n")
@@ -157,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(_header(meta))
         print(format_table(runs, summaries))
+        if "cached" in summaries:
+            print("\n".join(floor_lines))
     return 0
 
 
@@ -215,9 +227,10 @@ def _fanout_main(args: argparse.Namespace, started: str, load_at_start: float) -
     )
 
 
-def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
+def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor | None]:
     runs: list[RunResult] = []
     workload = None
+    floor = None
     for name in [n for n in ENGINE_RUNS if n in args.runs]:
         spec = ENGINE_RUNS[name]
         _progress(f"{name}: loading a fresh engine")
@@ -240,6 +253,15 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
                     output_token_counts=_output_token_counts(runs, args),
                 )
             )
+            if name == "cached":
+                _progress("cached: measuring the workload's compute floor on this machine")
+                floor = measure_floor(
+                    engine.runner.model,
+                    workload.prompt_token_counts,
+                    workload.num_shared_prefix_tokens,
+                    runs[-1],
+                    args.concurrency,
+                )
         finally:
             engine.shutdown()
         _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
@@ -258,7 +280,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload]:
             )
         )
         _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
-    return runs, workload
+    return runs, workload, floor
 
 
 def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> list[int]:

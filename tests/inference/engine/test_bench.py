@@ -9,6 +9,7 @@ import pytest
 
 from inference.engine.bench.__main__ import main
 from inference.engine.bench.baseline_transformers import run_transformers
+from inference.engine.bench.floor import workload_counts
 from inference.engine.bench.report import format_table, ratios, summarize, to_json
 from inference.engine.bench.results import RequestRecord, RunResult
 from inference.engine.bench.workload import (
@@ -259,3 +260,26 @@ def test_cli_fanout_computes_the_shared_head_once(capsys) -> None:
     assert off["num_prefill_tokens"] > on["num_prefill_tokens"]
     assert sorted(on["reused"]) == [0, 400, 400, 400]
     assert data["fanout"]["ttft_ratio_off_over_on"] > 0
+
+
+def test_workload_counts_compute_the_head_once_and_batch_the_decode_steps() -> None:
+    counts = workload_counts([150, 130], 100, num_sampled_tokens=2 + 9, concurrency=4)
+    assert counts.num_new_tokens == 100 + 50 + 30
+    # The head over itself (causal), each tail over the head and over itself (causal).
+    assert counts.num_pairs == 100 * 100 / 2 + (50 * 100 + 50 * 50 / 2) + (30 * 100 + 30 * 30 / 2)
+    assert counts.num_decode_steps == 3  # 9 tokens after the two first ones, 4 a step
+    assert counts.keys_per_step == 100 + 4 * 40
+
+
+def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
+    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+            "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "compute floor (no engine reaches it):" in out
+    assert "engine (cached) at " in out
+    assert main([*argv, "--json"]) == 0
+    floor = json.loads(capsys.readouterr().out)["compute_floor"]
+    parts = floor["prefill_linear_s"] + floor["prefill_attention_s"] + floor["decode_s"]
+    assert floor["total_s"] == pytest.approx(parts) and parts > 0
+    assert floor["requests_per_min"] == pytest.approx(2 * 60 / parts)

@@ -1,0 +1,157 @@
+"""The workload's compute floor on this machine: what any exact float32 engine must spend.
+
+Measured in the same process as the runs, on the loaded model's own weights, each piece at the
+shape its kernel likes best, everything else counted as free:
+
+- prefill: every prompt token no earlier request computed goes once through every weight
+  matrix (timed as one 1,024-row matmul per matrix) and attends to the tokens before it
+  (timed as the CPU flash kernel over 1,024 × 1,024 query-key pairs per layer, KV groups
+  folded; a causal pair costs what a dense one does, as if the kernel skipped masked blocks
+  perfectly);
+- decode: every output token the model must sample (jump-forward's appended tokens excluded)
+  is its share of a step with `concurrency` sequences that reads every weight once (a
+  `concurrency`-row matmul per matrix, the output head included) and each sequence's keys
+  once (the shared head once for all).
+
+Norms, rotary embeddings, activations, sampling, the grammar, Python and scheduling cost
+nothing here, so no engine reaches this; it bounds the ratio to the baseline any engine
+could show on this machine, for this workload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from inference.engine.bench.results import RunResult
+
+CHUNK = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    prefill_linear_s: float
+    prefill_attention_s: float
+    decode_s: float
+    num_requests: int
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_linear_s + self.prefill_attention_s + self.decode_s
+
+    @property
+    def requests_per_min(self) -> float:
+        return self.num_requests * 60 / self.total_s
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCounts:
+    num_new_tokens: int  # prompt tokens no earlier request computed (the head once)
+    num_pairs: float  # query-key pairs their attention needs
+    num_decode_steps: int  # batched steps for the tokens the model samples after the first
+    keys_per_step: int  # keys one decode step reads (the shared head once)
+
+
+def workload_counts(
+    prompt_token_counts: list[int],
+    shared_prefix_tokens: int,
+    num_sampled_tokens: int,
+    concurrency: int,
+) -> WorkloadCounts:
+    """What the workload asks of any engine, in tokens, pairs and steps."""
+    shared = shared_prefix_tokens
+    tails = [n - shared for n in prompt_token_counts]
+    mean_context = sum(prompt_token_counts) / len(prompt_token_counts)
+    # The first token of each request comes out of its prefill.
+    after_first = max(0, num_sampled_tokens - len(prompt_token_counts))
+    return WorkloadCounts(
+        num_new_tokens=shared + sum(tails),
+        num_pairs=shared * shared / 2 + sum(t * shared + t * t / 2 for t in tails),
+        num_decode_steps=-(-after_first // concurrency),
+        keys_per_step=int(shared + concurrency * (mean_context - shared)),
+    )
+
+
+def _best_of(fn, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _layer_weights(model) -> list[torch.Tensor]:
+    weights = []
+    for layer in model.layers:
+        weights += [layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight]
+        weights += [layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight]
+    return weights
+
+
+@torch.inference_mode()
+def measure_floor(
+    model,
+    prompt_token_counts: list[int],
+    shared_prefix_tokens: int,
+    cached_run: RunResult,
+    concurrency: int,
+) -> Floor | None:
+    """The floor for `cached_run`'s requests; None for a model with sliding-window layers
+    (their attention is bounded by the window, which this estimate does not model)."""
+    cfg = model.config
+    if getattr(cfg, "layer_types", None) and "sliding" in cfg.layer_types:
+        return None
+    weights = _layer_weights(model)
+    num_layers, n_kv, head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    group = cfg.num_heads // n_kv
+    sampled = sum(r.num_output_tokens for r in cached_run.records)
+    sampled -= (cached_run.engine_stats or {}).get("num_forced_tokens", 0)
+    counts = workload_counts(prompt_token_counts, shared_prefix_tokens, sampled, concurrency)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    # Prefill: one CHUNK-row matmul per weight matrix; CHUNK × CHUNK pairs per layer.
+    xs = {w.shape[1]: torch.randn(CHUNK, w.shape[1]) for w in weights}
+    per_token = _best_of(lambda: [torch.mm(xs[w.shape[1]], w.t()) for w in weights]) / CHUNK
+    q = torch.randn(1, n_kv, group * CHUNK, head_dim)
+    k = torch.randn(1, n_kv, CHUNK, head_dim)
+    per_pair = _best_of(lambda: flash(q, k, k, 0.0, False, scale=0.125)) * num_layers
+    per_pair /= CHUNK * CHUNK
+
+    # Decode: every weight (the output head too) read once a step; the step's keys once.
+    step_weights = [*weights, model.lm_head.weight]
+    rows = {w.shape[1]: torch.randn(concurrency, w.shape[1]) for w in step_weights}
+    weights_s = _best_of(lambda: [torch.mm(rows[w.shape[1]], w.t()) for w in step_weights])
+    q1 = torch.randn(1, n_kv, group * concurrency, head_dim)
+    kv = torch.randn(1, n_kv, counts.keys_per_step, head_dim)
+    keys_s = _best_of(lambda: flash(q1, kv, kv, 0.0, False, scale=0.125)) * num_layers
+    return Floor(
+        prefill_linear_s=counts.num_new_tokens * per_token,
+        prefill_attention_s=counts.num_pairs * per_pair,
+        decode_s=counts.num_decode_steps * (weights_s + keys_s),
+        num_requests=len(cached_run.records),
+    )
+
+
+def format_floor(floor: Floor | None, runs: dict[str, float]) -> list[str]:
+    """Lines for the report; `runs` maps run names to their requests per minute."""
+    if floor is None:
+        return ["compute floor: not estimated for a model with sliding-window layers"]
+    lines = [
+        f"compute floor (no engine reaches it): {floor.total_s:.1f} s for {floor.num_requests} "
+        f"requests = {floor.requests_per_min:.1f} requests/min (prefill matmuls "
+        f"{floor.prefill_linear_s:.1f} s, prefill attention {floor.prefill_attention_s:.1f} s, "
+        f"decode {floor.decode_s:.1f} s)"
+    ]
+    if "cached" in runs:
+        share = runs["cached"] / floor.requests_per_min
+        lines.append(f"engine (cached) at {share:.0%} of the floor")
+    if runs.get("transformers"):
+        ratio = floor.requests_per_min / runs["transformers"]
+        lines.append(
+            f"floor / transformers, requests/min: {ratio:.2f}× (the most any engine shows)"
+        )
+    return lines
