@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention import AttentionMetadata, paged_attention, write_kv
-from inference.engine.models.llama import LlamaMLP
+from inference.engine.models.llama import LlamaMLP, apply_rope
 
 LAYER_TYPES = ("full", "sliding")
 # llama.cpp and transformers both fix the pattern at 5 sliding layers to 1 global for Gemma 3
@@ -119,12 +119,6 @@ class Gemma3Rotary(nn.Module):
         return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (T, 1, head_dim) each
 
 
-def _apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    cos, sin = cos_sin  # x: (T, n_heads, head_dim)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 class Gemma3Attention(nn.Module):
     def __init__(self, cfg: Gemma3Config, layer_type: str) -> None:
         super().__init__()
@@ -148,8 +142,8 @@ class Gemma3Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q = _apply_rope(F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps), rope)
-        k = _apply_rope(F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps), rope)
+        q = apply_rope(F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps), rope)
+        k = apply_rope(F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps), rope)
         # A sliding layer's cache may be its own (window-sized) group with its own metadata.
         if self.is_sliding:
             meta = meta.sliding or meta

@@ -96,13 +96,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1).float(), persistent=False)
         self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1).float(), persistent=False)
 
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the step's positions, (T, 1, head_dim) each: looked up once a step."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: (T, n_heads, head_dim)
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, head_dim)
-        sin = self.sin[positions].unsqueeze(1)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return apply_rope(x, self.at(positions))
+
+
+def apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: (T, heads, head_dim), rotated at each row's position."""
+    cos, sin = cos_sin
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class LlamaAttention(nn.Module):
@@ -122,15 +128,17 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(q.view(num_tokens, self.num_heads, self.head_dim), positions)  # (T, H, D)
-        k = rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), positions)  # (T, KVH, D)
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # Queries and keys rotated together: (T, H + KVH, D), then (T, H, D) and (T, KVH, D).
+        qk = apply_rope(
+            qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos_sin
+        )
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         # Every sequence's new K/V is written before any attends: a request may reuse
         # blocks that another request in the same step is computing right now.
@@ -165,9 +173,9 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x, positions, rope, kv_cache, meta) -> torch.Tensor:
+    def forward(self, x, cos_sin, kv_cache, meta) -> torch.Tensor:
         h = F.rms_norm(x, x.shape[-1:], self.input_layernorm, self.eps)
-        x = x + self.self_attn(h, positions, rope, kv_cache, meta)
+        x = x + self.self_attn(h, cos_sin, kv_cache, meta)
         h = F.rms_norm(x, x.shape[-1:], self.post_attention_layernorm, self.eps)
         return x + self.mlp(h)
 
@@ -192,8 +200,9 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,  # (N,) rows whose next-token logits are wanted
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # (T, hidden)
+        cos_sin = self.rope.at(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rope, kv_cache, meta)
+            x = layer(x, cos_sin, kv_cache, meta)
         x = F.rms_norm(x[logits_indices], x.shape[-1:], self.norm, self.config.rms_norm_eps)
         return self.lm_head(x)  # (N, vocab)
 
