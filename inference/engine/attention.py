@@ -296,13 +296,17 @@ def _dense_part(folded, k_ctx, v_ctx, scale: float):
 
 
 def _merge(parts):
-    """Combine attention over disjoint key sets: weight each by exp(lse_i - logsumexp)."""
+    """Combine attention over disjoint key sets: weight each by exp(lse_i - logsumexp).
+
+    Accumulated part by part (no stacked copy of the outputs: a prefill chunk's are MBs)."""
     if len(parts) == 1:
         return parts[0]
-    lses = torch.stack([lse for _, lse in parts])  # (P, 1, KVH, G*q)
-    weights = torch.softmax(lses, dim=0).unsqueeze(-1)
-    merged = (torch.stack([o for o, _ in parts]) * weights).sum(0)
-    return merged, torch.logsumexp(lses, dim=0)
+    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)  # (1, KVH, G*q)
+    merged = None
+    for o, lse in parts:
+        weight = torch.exp(lse - total).unsqueeze(-1)
+        merged = o * weight if merged is None else merged.addcmul_(o, weight)
+    return merged, total
 
 
 def _sdpa_with_lse(q, k, v, causal: bool, scale: float):
