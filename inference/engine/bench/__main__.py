@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_linear_s": floor.prefill_linear_s,
             "prefill_attention_s": floor.prefill_attention_s,
             "decode_s": floor.decode_s,
+            "uncached_prefill_s": floor.uncached_prefill_s,
+            "prefill_cached_over_uncached": floor.prefill_s / floor.uncached_prefill_s,
         }
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:

@@ -36,6 +36,12 @@ class Floor:
     prefill_attention_s: float
     decode_s: float
     num_requests: int
+    # The same prefill with no prefix cache: every prompt whole, its attention causal.
+    uncached_prefill_s: float = 0.0
+
+    @property
+    def prefill_s(self) -> float:
+        return self.prefill_linear_s + self.prefill_attention_s
 
     @property
     def total_s(self) -> float:
@@ -52,6 +58,8 @@ class WorkloadCounts:
     num_pairs: float  # query-key pairs their attention needs
     num_decode_steps: int  # batched steps for the tokens the model samples after the first
     keys_per_step: int  # keys one decode step reads (the shared head once)
+    uncached_tokens: int  # without a prefix cache: every prompt token
+    uncached_pairs: float
 
 
 def workload_counts(
@@ -71,6 +79,8 @@ def workload_counts(
         num_pairs=shared * shared / 2 + sum(t * shared + t * t / 2 for t in tails),
         num_decode_steps=-(-after_first // concurrency),
         keys_per_step=int(shared + concurrency * (mean_context - shared)),
+        uncached_tokens=sum(prompt_token_counts),
+        uncached_pairs=sum(n * n / 2 for n in prompt_token_counts),
     )
 
 
@@ -133,6 +143,7 @@ def measure_floor(
         prefill_attention_s=counts.num_pairs * per_pair,
         decode_s=counts.num_decode_steps * (weights_s + keys_s),
         num_requests=len(cached_run.records),
+        uncached_prefill_s=counts.uncached_tokens * per_token + counts.uncached_pairs * per_pair,
     )
 
 
@@ -146,6 +157,10 @@ def format_floor(floor: Floor | None, runs: dict[str, float]) -> list[str]:
         f"{floor.prefill_linear_s:.1f} s, prefill attention {floor.prefill_attention_s:.1f} s, "
         f"decode {floor.decode_s:.1f} s)"
     ]
+    lines.append(
+        f"prefill floor, caching on / off: {floor.prefill_s / floor.uncached_prefill_s:.2f} "
+        f"(the reused head saves its tokens' matmuls; attention to it still costs)"
+    )
     if "cached" in runs:
         share = runs["cached"] / floor.requests_per_min
         lines.append(f"engine (cached) at {share:.0%} of the floor")

@@ -269,6 +269,8 @@ def test_workload_counts_compute_the_head_once_and_batch_the_decode_steps() -> N
     assert counts.num_pairs == 100 * 100 / 2 + (50 * 100 + 50 * 50 / 2) + (30 * 100 + 30 * 30 / 2)
     assert counts.num_decode_steps == 3  # 9 tokens after the two first ones, 4 a step
     assert counts.keys_per_step == 100 + 4 * 40
+    assert counts.uncached_tokens == 280
+    assert counts.uncached_pairs == 150 * 150 / 2 + 130 * 130 / 2
 
 
 def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
@@ -283,3 +285,5 @@ def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
     parts = floor["prefill_linear_s"] + floor["prefill_attention_s"] + floor["decode_s"]
     assert floor["total_s"] == pytest.approx(parts) and parts > 0
     assert floor["requests_per_min"] == pytest.approx(2 * 60 / parts)
+    # Caching saves prefill work (the head is computed once), never adds any.
+    assert 0 < floor["prefill_cached_over_uncached"] < 1
