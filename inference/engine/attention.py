@@ -202,9 +202,15 @@ def paged_attention(
         from inference.engine.kernels.dispatch import attend
 
         return attend(q, k_cache, v_cache, meta.kernel, scale, window)
-    if window is not None:
-        return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)
+    batched: set[int] = set()
+    if meta.decode is not None and meta.decode.window == window:
+        batched = set(meta.decode.span_indices)
+        out[meta.decode.rows] = decode_attention(
+            q, k_cache, v_cache, meta.decode, scale, _flash_masked
+        )
+    if window is not None:
+        return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window, out, batched)
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv = k.shape[1]
     group = n_heads // n_kv
@@ -213,13 +219,6 @@ def paged_attention(
         # Queries of one KV group share keys: fold the group into the query axis.
         qs = q[span.query_start : span.query_start + span.query_len].transpose(0, 1)
         return qs.reshape(1, n_kv, group * span.query_len, head_dim)  # (1, KVH, G*q_len, D)
-
-    batched: set[int] = set()
-    if meta.decode is not None:
-        batched = set(meta.decode.span_indices)
-        out[meta.decode.rows] = decode_attention(
-            q, k_cache, v_cache, meta.decode, scale, _flash_masked
-        )
 
     shared_parts = {}
     if meta.shared is not None:

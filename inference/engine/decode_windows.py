@@ -57,14 +57,20 @@ class DecodeBatch:
     span_indices: list[int]  # the one-token spans of the step's metadata handled here
     rows: torch.Tensor  # (B,) each one's query row in the flattened batch
     windows: list[DecodeWindow]
+    # The sliding window its runs were cut to (only positions (p-W, p] listed); None: full.
+    window: int | None = None
 
 
-def slot_runs(block_ids: list[int], num_slots: int, block_size: int) -> list[tuple[int, int]]:
-    """The [start, end) slot ranges holding a sequence's first `num_slots` positions."""
+def slot_runs(
+    block_ids: list[int], num_slots: int, block_size: int, first: int = 0, lowest: int = 0
+) -> list[tuple[int, int]]:
+    """The [start, end) slot ranges holding positions [lowest, num_slots) of a sequence whose
+    `block_ids[0]` is its block number `first` (a sliding layer keeps only its window's)."""
     runs: list[tuple[int, int]] = []
-    for index in range(-(-num_slots // block_size)):
-        start = block_ids[index] * block_size
-        end = start + min(block_size, num_slots - index * block_size)
+    for index in range(max(lowest // block_size, first), -(-num_slots // block_size)):
+        base = block_ids[index - first] * block_size
+        start = base + max(0, lowest - index * block_size)
+        end = base + min(block_size, num_slots - index * block_size)
         if runs and runs[-1][1] == start:
             runs[-1] = (runs[-1][0], end)
         else:
@@ -77,8 +83,10 @@ def plan_decode_batch(
     rows: list[int],
     runs_per_sequence: list[list[tuple[int, int]]],
     device: torch.device,
+    window: int | None = None,
 ) -> DecodeBatch | None:
-    """Group the sequences' slot runs into windows; None when there is no sequence."""
+    """Group the sequences' slot runs into windows; None when there is no sequence.
+    `window`: the sliding window the runs were cut to, if they were."""
     if not span_indices:
         return None
     tagged = sorted((a, b, seq) for seq, runs in enumerate(runs_per_sequence) for a, b in runs)
@@ -100,7 +108,7 @@ def plan_decode_batch(
             windows.append(_window(group, start, stop - start, device))
     if loose:
         windows.append(_gathered_window(loose, device))
-    return DecodeBatch(span_indices, torch.tensor(rows, device=device), windows)
+    return DecodeBatch(span_indices, torch.tensor(rows, device=device), windows, window)
 
 
 def _window(group, start: int, length: int, device: torch.device) -> DecodeWindow:

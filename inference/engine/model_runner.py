@@ -173,9 +173,12 @@ class ModelRunner:
         src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
         copy_slots(cache, src, torch.tensor(dst_slots, dtype=torch.long, device=self.device))
 
-    def _plan_decode_batch(self, output: SchedulerOutput) -> DecodeBatch | None:
+    def _plan_decode_batch(
+        self, output: SchedulerOutput, window: int | None = None
+    ) -> DecodeBatch | None:
         """The one-token sequences of this step and the slots of their contexts (their new
-        token's included: it is written before attention reads)."""
+        token's included: it is written before attention reads). With a `window`, the
+        sliding group's: each sequence's window blocks, from position p - W + 1 on."""
         indices, rows, runs = [], [], []
         query_start = 0
         for index, scheduled in enumerate(output.scheduled):
@@ -183,9 +186,14 @@ class ModelRunner:
                 num_slots = scheduled.request.num_computed_tokens + 1
                 indices.append(index)
                 rows.append(query_start)
-                runs.append(slot_runs(scheduled.block_ids, num_slots, self.block_size))
+                if window is None:
+                    runs.append(slot_runs(scheduled.block_ids, num_slots, self.block_size))
+                else:
+                    first, block_ids = scheduled.window_block_ids
+                    lowest = max(0, num_slots - window)
+                    runs.append(slot_runs(block_ids, num_slots, self.block_size, first, lowest))
             query_start += scheduled.num_new_tokens
-        return plan_decode_batch(indices, rows, runs, self.device)
+        return plan_decode_batch(indices, rows, runs, self.device, window)
 
     def _plan_shared_prefix(self, output: SchedulerOutput):
         """Leading cached blocks shared by the decoding requests of this step, if any."""
@@ -231,6 +239,8 @@ class ModelRunner:
             meta.kernel = build_kernel_metadata(
                 kernel_spans, size, self.device, window=self.sliding_window
             )
+        elif self.decode_windows:
+            meta.decode = self._plan_decode_batch(output, window=self.sliding_window)
         return meta
 
     def _slots(self, block_ids: list[int], start: int, end: int, first: int = 0) -> list[int]:

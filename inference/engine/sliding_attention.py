@@ -14,14 +14,19 @@ import torch
 import torch.nn.functional as F
 
 
-def windowed_attention(q, k, v, k_cache, v_cache, meta, scale: float, window: int) -> torch.Tensor:
+def windowed_attention(
+    q, k, v, k_cache, v_cache, meta, scale: float, window: int, out=None, skip=frozenset()
+) -> torch.Tensor:
     """Each query at position p over the keys at positions (p-W, p]: the window's keys are
-    gathered (at most W + q_len of them) and masked explicitly."""
+    gathered (at most W + q_len of them) and masked explicitly. Spans in `skip` are left as
+    they are in `out` (the decode windows computed them)."""
     if window < 1:
         raise ValueError(f"window must be ≥ 1, got {window}")
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     shared_index = set(meta.shared.span_indices) if meta.shared is not None else set()
     for index, span in enumerate(meta.spans):
+        if index in skip:
+            continue
         rows = slice(span.query_start, span.query_start + span.query_len)
         if span.query_len == 1:  # decode: its own key is already in the listed context
             q_pos = torch.tensor([span.num_cached - 1], device=q.device)

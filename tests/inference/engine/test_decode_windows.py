@@ -8,6 +8,7 @@ import torch
 from inference.engine import SamplingParams
 from inference.engine.attention import _flash_masked, reference_attention
 from inference.engine.decode_windows import decode_attention, plan_decode_batch, slot_runs
+from tests.inference.engine.helpers import random_tokens
 
 H, KVH, D, BLOCK = 6, 2, 8, 4
 CPU = torch.device("cpu")
@@ -16,6 +17,8 @@ CPU = torch.device("cpu")
 def test_slot_runs_join_consecutive_blocks_and_cut_the_last_one():
     assert slot_runs([5, 6, 2, 3, 9], 18, BLOCK) == [(20, 28), (8, 16), (36, 38)]
     assert slot_runs([7], 1, BLOCK) == [(28, 29)]
+    # A sliding layer's table starts at block 2 (positions 8..); the window from position 10.
+    assert slot_runs([5, 6, 9], 19, BLOCK, first=2, lowest=10) == [(22, 28), (36, 39)]
 
 
 def test_runs_close_together_share_one_window_and_far_ones_do_not(monkeypatch):
@@ -116,3 +119,18 @@ def test_engine_greedy_output_is_the_same_with_and_without_decode_windows(
     monkeypatch.setattr("inference.engine.decode_windows.SPLITS", 3)
     monkeypatch.setattr("inference.engine.decode_windows.MIN_SPLIT_LEN", 1)
     assert run() == span_by_span
+
+
+def test_hybrid_engine_greedy_output_is_the_same_with_and_without_decode_windows(
+    make_hybrid_engine,
+):
+    """Gemma 3's sliding layers read only the window (p - W, p]: prompts past the window."""
+    rng = random.Random(4)
+    head = random_tokens(rng, 560)
+    prompts = [head + random_tokens(rng, rng.randint(20, 90)) for _ in range(3)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    def run(**config):
+        return [o.token_ids for o in make_hybrid_engine(**config).generate(prompts, params)]
+
+    assert run() == run(enable_decode_windows=False)
