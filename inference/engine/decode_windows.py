@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 # A gap of unused slots is read (and masked) rather than split into another call when it is
-# at most this long: reading ~512 slots costs about what one more attention call does.
+# at most this long (reading ~512 slots costs about what one more attention call does) and
+# the window's unused slots stay fewer than its used ones.
 MAX_GAP = 512
 # Windows shorter than this (isolated blocks) are gathered together into one.
 MIN_WINDOW = 64
@@ -92,13 +93,18 @@ def plan_decode_batch(
     tagged = sorted((a, b, seq) for seq, runs in enumerate(runs_per_sequence) for a, b in runs)
     groups: list[list[tuple[int, int, int]]] = []
     end = -1
+    holes = used = 0  # slots of the current window read for nobody / for someone
     for a, b, seq in tagged:
-        if groups and a - end <= MAX_GAP:
+        gap = max(0, a - end)
+        # A window never reads more unused slots than used ones (at most twice the keys).
+        if groups and gap <= MAX_GAP and holes + gap <= used + max(0, b - max(a, end)):
             groups[-1].append((a, b, seq))
+            holes += gap
+            used += max(0, b - max(a, end))
             end = max(end, b)
         else:
             groups.append([(a, b, seq)])
-            end = b
+            end, holes, used = b, 0, b - a
     windows, loose = [], []
     for group in groups:
         start, stop = group[0][0], max(b for _, b, _ in group)

@@ -42,6 +42,14 @@ def test_runs_close_together_share_one_window_and_far_ones_do_not(monkeypatch):
     assert gathered.slots.tolist() == [400, 401] and gathered.members.tolist() == [0]
 
 
+def test_a_window_never_reads_more_unused_slots_than_used_ones(monkeypatch):
+    monkeypatch.setattr("inference.engine.decode_windows.MAX_GAP", 8)
+    monkeypatch.setattr("inference.engine.decode_windows.MIN_WINDOW", 1)
+    batch = plan_decode_batch([0], [0], [[(0, 4), (11, 15), (22, 26)]], CPU)
+    # 4 used + 7 unused + 4 used; the next 7-slot gap would make 14 unused against 12 used.
+    assert [(w.start, w.mask.shape[1]) for w in batch.windows] == [(0, 15), (22, 4)]
+
+
 def _random_step(rng: random.Random, num_seqs: int, num_blocks: int, shared_blocks: int):
     """Sequences sharing `shared_blocks` head blocks, their other blocks from a shuffled pool
     (some consecutive, some scattered), each with its context length."""
