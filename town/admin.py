@@ -27,6 +27,7 @@ from town.models import (
     Tick,
     Town,
 )
+from town.prompts import num_shared_messages
 from town.reports import run_chart_data, runs_compare
 from town.selectors import run_summary
 
@@ -211,19 +212,19 @@ DECISION_METRICS = [
 DECISION_TIMELINE = ["dispatched_at", "started_at", "computed_at", "applied_at"]
 
 
-def _num_head_messages(messages_: list[dict]) -> int:
-    """Messages up to and including the last cache breakpoint (`"cache": True`)."""
-    return max((i + 1 for i, m in enumerate(messages_) if m.get("cache")), default=0)
+def _breakpoint_label(message: dict) -> str:
+    if not message.get("cache"):
+        return ""
+    if message.get("scope") == "resident":
+        return " · cache breakpoint (this resident's own)"
+    return " · cache breakpoint"
 
 
 def _message_blocks(messages_: list[dict]):
     return format_html_join(
         "",
         '<div class="pk-message"><span class="pk-role">{}{}</span><pre>{}</pre></div>',
-        (
-            (m.get("role", "?"), " · cache breakpoint" if m.get("cache") else "", m.get("content"))
-            for m in messages_
-        ),
+        ((m.get("role", "?"), _breakpoint_label(m), m.get("content")) for m in messages_),
     )
 
 
@@ -293,7 +294,7 @@ class DecisionAdmin(admin.ModelAdmin):
     def prompt(self, decision: Decision) -> str:
         from inference.tokens import chat_token_counts
 
-        num_head = _num_head_messages(decision.messages)
+        num_head = num_shared_messages(decision.messages)
         head, tail = decision.messages[:num_head], decision.messages[num_head:]
         try:
             head_tokens, total_tokens = chat_token_counts(

@@ -91,6 +91,7 @@ class Run(models.Model):
         SHARED_RULES = "shared_rules"
         SHARED_HEAD = "shared_head"
         SHARED_HEAD_SCHEMA_ONLY = "shared_head_schema_only"
+        SHARED_THEN_RESIDENT_HEAD = "shared_then_resident_head"
 
     class Status(models.TextChoices):
         CREATED = "created"
@@ -225,7 +226,8 @@ class Decision(models.Model):
     resident = models.ForeignKey(Resident, on_delete=models.CASCADE, related_name="decisions")
     node = models.CharField(max_length=60)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    # The prompt: chat messages (shared sections carry "cache": True), its hashes, the schema.
+    # The prompt: chat messages (sections ending in a cache breakpoint carry "cache": True, one
+    # resident's own also "scope": "resident"), its hashes, the schema.
     messages = models.JSONField()
     prompt_hash = models.CharField(max_length=64)
     head_hash = models.CharField(max_length=64, blank=True, help_text="Of the shared sections.")

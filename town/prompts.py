@@ -11,9 +11,18 @@
   resident in this tick), then the resident. Each shared message carries `"cache": True`: a
   cache breakpoint where a shared section ends.
 - `shared_head_schema_only`: as `shared_head`, with the output format only in the JSON schema.
+- `shared_then_resident_head`: two cached heads. The shared head (rules and the places table:
+  the same for every resident in every tick), then the resident's own head (profile and diary:
+  the same for this resident in every tick, `"scope": "resident"` on its breakpoint), then what
+  changes each tick (the situation, the resident's state, known places, memories, options).
+  The output format is only in the schema. From the second tick on, a decision reuses the
+  shared head and the resident's own head (most of a long prompt: the diary) from the
+  resident's previous decision; the tick's situation, no longer at the head, is not shared.
 
-Nothing per resident may enter a shared message; tests/town/test_prompts.py checks it with the
-real tokenizer.
+A message marked `"cache": True` ends in a cache breakpoint. The shared head is the messages up
+to the last breakpoint without `"scope": "resident"`: nothing per resident may enter it
+(tests/town/test_prompts.py checks it with the real tokenizer); the experiment warms and pins
+it per tick, and the admin shows it apart from the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +36,13 @@ from town.actions import action_options
 from town.schema import REASON_MAX_CHARS, decision_schema
 from town.world import PlaceView, ResidentView, World
 
-LAYOUTS = ("naive", "shared_rules", "shared_head", "shared_head_schema_only")
+LAYOUTS = (
+    "naive",
+    "shared_rules",
+    "shared_head",
+    "shared_head_schema_only",
+    "shared_then_resident_head",
+)
 
 _INTRO = (
     "You decide what one resident of Pokomachi (ぽこまち), a small Japanese town, does next. "
@@ -62,16 +77,30 @@ _FORMAT = (
 )
 
 
+def num_shared_messages(messages: list[dict[str, Any]]) -> int:
+    """How many leading messages make the shared head: up to and including the last cache
+    breakpoint that is not one resident's own (`"scope": "resident"`)."""
+    return max(
+        (
+            i + 1
+            for i, m in enumerate(messages)
+            if m.get("cache") and m.get("scope", "shared") == "shared"
+        ),
+        default=0,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    messages: list[dict[str, Any]]  # chat messages; shared sections carry "cache": True
+    # Chat messages; a section that ends in a cache breakpoint carries "cache": True, and
+    # "scope": "resident" when it is one resident's own (not shared with the others).
+    messages: list[dict[str, Any]]
     json_schema: dict[str, Any]
 
     @property
     def head_messages(self) -> list[dict[str, Any]]:
-        """The messages up to and including the last cache breakpoint."""
-        last = max((i for i, m in enumerate(self.messages) if m.get("cache")), default=-1)
-        return self.messages[: last + 1]
+        """The shared head: the messages up to and including its last cache breakpoint."""
+        return self.messages[: num_shared_messages(self.messages)]
 
     @property
     def prompt_hash(self) -> str:
@@ -95,6 +124,8 @@ def prompt_build(*, world: World, resident: ResidentView, layout: str) -> Prompt
     schema = decision_schema(options)
     if layout == "naive":
         return Prompt(messages=_naive_messages(world, resident, options), json_schema=schema)
+    if layout == "shared_then_resident_head":
+        return Prompt(messages=_two_head_messages(world, resident, options), json_schema=schema)
     if layout == "shared_rules":
         head = shared_rules_text(world)
         tail = resident_text(world, resident, options, shop_info=True)
@@ -107,6 +138,26 @@ def prompt_build(*, world: World, resident: ResidentView, layout: str) -> Prompt
         {"role": "user", "content": tail},
     ]
     return Prompt(messages=messages, json_schema=schema)
+
+
+def _two_head_messages(
+    world: World, resident: ResidentView, options: dict[str, list[str]]
+) -> list[dict[str, Any]]:
+    own = "\n\n".join(s for s in [_profile(world, resident), _diary(resident)] if s)
+    now = "\n\n".join(
+        [
+            situation_text(world),
+            _state(world, resident),
+            _known_places(world, resident),
+            _memories(resident),
+            _options(world, resident, options),
+        ]
+    )
+    return [
+        {"role": "system", "content": shared_head_text(world, with_format=False), "cache": True},
+        {"role": "system", "content": own, "cache": True, "scope": "resident"},
+        {"role": "user", "content": now},
+    ]
 
 
 def shared_rules_text(world: World) -> str:

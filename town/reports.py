@@ -185,7 +185,7 @@ def _retention_only_steps(results: list[StepResult]) -> set[int]:
     return {
         cur.step.number
         for prev, cur in itertools.pairwise(results)
-        if cur.step.layout == prev.step.layout
+        if cur.step.layout == prev.step.layout and cur.step.best_engine == prev.step.best_engine
     }
 
 

@@ -5,6 +5,11 @@ block boundary (dense), 0 only where each prompt ends (rounded down to a full bl
 multiples of N. A later request can resume a hybrid model only at a checkpoint, so its reuse
 rounds down to this grid. Declared cache breakpoints and detected junctions are more positions,
 kept whatever the interval and token-exact (not rounded to a block: see sliding_window_manager).
+
+Dense with token-exact reuse keeps the window's state at every token, not only every block: all
+of the window's blocks are kept, and the state at a position inside a kept block is those slots
+of it (copied, as for any checkpoint inside a block). So a prompt that leaves a cached one
+anywhere resumes exactly where it leaves, with no record needed there (`keeps_every_position`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class RetentionPolicy:
         self.block_size = block_size
         # Without partial-block copies a checkpoint inside a block is unusable: round it down.
         self.exact = exact
+
+    @property
+    def keeps_every_position(self) -> bool:
+        """Dense and token-exact: every position of a kept block is a checkpoint."""
+        return self.interval is None and self.exact
 
     def describe(self) -> str:
         if self.interval is None:

@@ -10,7 +10,10 @@ A window checkpoint at P (a multiple of B) is the window's blocks before P, kept
 (hashed, ref-counted, evictable in LRU order like any block) plus a record, keyed by the chain
 hash at P, that a checkpoint exists there. The retention policy decides the positions; a
 released block that no checkpoint needs has no hash and goes back to the head of the free
-queue, reused at once. The record, not the accidental presence of blocks, makes P a hit.
+queue, reused at once. The record, not the accidental presence of blocks, makes P a hit —
+except under dense retention with token-exact reuse, which keeps every block of the window:
+there every position inside a kept block is a checkpoint (RetentionPolicy.keeps_every_position),
+found without a record, so a prompt resumes exactly where it leaves a cached one.
 
 Breakpoints and junctions put checkpoints anywhere, not only on block boundaries. A checkpoint
 at P inside block j is keyed by (hash of block j, P mod B), recorded once block j is full (its
@@ -103,6 +106,7 @@ class SlidingWindowManager:
         """
         evicted = 0
         size = self.block_size
+        every_position = self.policy.keeps_every_position
         if num_chain is None:
             num_chain = max_position // size
         for index in range((max_position - 1) // size, -1, -1):
@@ -115,17 +119,22 @@ class SlidingWindowManager:
             best: CheckpointLookup | None = None
             for block_hash, matching in candidates:
                 limit = min(matching, max_position - index * size)
-                for offset in sorted(self.offsets.get(block_hash, ()), reverse=True):
+                recorded = self.offsets.get(block_hash, set())
+                offsets = sorted(recorded, reverse=True)
+                if every_position and limit > 0 and limit not in recorded:
+                    offsets.insert(0, limit)  # where the match ends: the window is kept there
+                for offset in offsets:
                     if offset > limit or (best and index * size + offset <= best.position):
                         continue
                     found = self._checkpoint_at(request, index, block_hash, offset)
-                    if found is None:
-                        evicted = max(evicted, index * size + offset)
-                    else:
+                    if found is not None:
                         best = found
                         break
+                    if offset in recorded:
+                        evicted = max(evicted, index * size + offset)
             if best is not None:
-                self.checkpoints.move_to_end(best.key)
+                if best.key in self.checkpoints:
+                    self.checkpoints.move_to_end(best.key)
                 best.evicted_position = evicted
                 return best
         return CheckpointLookup(0, [], evicted)
@@ -268,7 +277,7 @@ class SlidingWindowManager:
             (p, kind) for p, kind in request.pending_checkpoints if p // self.block_size == index
         ]
         block = table[index] if index < len(table) else None
-        if not pending or block is None:
+        if block is None or not (pending or self.policy.keeps_every_position):
             return
         self.block_pool.cache_block(block, block_hash, tokens, self.parent_hash(request, index))
         for position, kind in pending:

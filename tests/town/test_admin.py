@@ -105,6 +105,21 @@ def test_decision_page_shows_shared_head_and_tail_apart_with_token_counts(
     assert admin_client.get("/admin/town/decision/add/").status_code == 403
 
 
+def test_a_residents_own_cached_head_is_not_part_of_the_shared_head(
+    admin_client, db, smollm2_tokenizer
+):
+    town = small_town_factory()
+    run = _answered_run(town, "shared_then_resident_head", [0])
+    decision = run.decisions.order_by("id")[0]
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    head = decision.messages[:1]  # the rules and places; the resident's own head comes after
+    head_tokens = len(smollm2_tokenizer.apply_chat_template(head, add_generation_prompt=False))
+    assert f"shared head · 1 messages · {head_tokens:,} tokens" in page
+    tail = page.split("pk-part pk-tail")[1]
+    assert "per-resident tail · 2 messages" in page
+    assert "cache breakpoint (this resident&#x27;s own)" in tail
+
+
 def test_naive_prompt_says_there_is_no_shared_head(admin_client, db):
     town = small_town_factory()
     run = _answered_run(town, "naive", [0])

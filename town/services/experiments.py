@@ -21,7 +21,7 @@ from inference.services import completion_head_unpin, completion_head_warm
 from town.diary import diary_lines
 from town.errors import TownError
 from town.models import Run, Tick, Town
-from town.prompts import prompt_build
+from town.prompts import num_shared_messages, prompt_build
 from town.selectors import world_load
 from town.services.decisions import decision_cache_salt
 from town.services.runs import run_create, run_lease_release, run_start
@@ -41,8 +41,9 @@ class ExperimentStep:
     layout: str
     talk_interval: int  # the talk's retention interval, tokens
     # Our engine's own best: cache breakpoints from the prompts' "cache" marks, token-exact
-    # reuse, junction checkpoints, one prefill per shared head, a checkpoint at every block,
-    # and the tick's shared head warmed and pinned before its decisions fan out.
+    # reuse, junction checkpoints, one prefill per shared head, the window kept at every token
+    # (dense), and the tick's shared head warmed and pinned before its decisions fan out. Its
+    # layout is part of it: each resident's own head (profile, diary) is reused across ticks.
     best_engine: bool = False
 
 
@@ -55,8 +56,9 @@ TALK_STEPS = (
     ExperimentStep(6, "output format only in the schema", "shared_head_schema_only", 1024),
     ExperimentStep(
         7,
-        "our engine: breakpoints, exact reuse, warm pinned head",
-        "shared_head_schema_only",
+        "ours: each resident's own cached head (layout), breakpoints, exact reuse, warm "
+        "pinned shared head",
+        "shared_then_resident_head",
         1024,
         True,
     ),
@@ -158,15 +160,15 @@ def _run_ticks(*, run: Run, ticks: int, warm_head: bool) -> Run:
     pins: list[int] = []
 
     def warm(tick: Tick) -> None:
-        """Pin this tick's shared head (the first decision's messages up to its last "cache"
-        mark: the same for every resident) before the decisions fan out."""
+        """Pin this tick's shared head (the first decision's messages up to its last shared
+        cache breakpoint: the same for every resident) before the decisions fan out."""
         first = tick.decisions.order_by("resident_id").first()
-        last = max((i for i, m in enumerate(first.messages) if m.get("cache")), default=-1)
-        if last < 0:
+        num_shared = num_shared_messages(first.messages)
+        if not num_shared:
             return
         while pins:
             completion_head_unpin(handle=pins.pop())
-        head = [{"role": m["role"], "content": m["content"]} for m in first.messages[: last + 1]]
+        head = [{"role": m["role"], "content": m["content"]} for m in first.messages[:num_shared]]
         pins.append(completion_head_warm(messages=head, cache_salt=decision_cache_salt(run)))
 
     run = run_start(run=run)
@@ -228,8 +230,9 @@ def experiment_run(
     say(scaling.describe())
     results = []
     for step in steps:
-        # Step 7 keeps a window checkpoint at every block (dense): our engine's answer to the
-        # retention grid, at the memory cost vLLM's interval exists to avoid.
+        # Step 7 keeps the window at every block (dense; with exact reuse, a checkpoint at every
+        # token): our engine's answer to the retention grid, at the memory cost vLLM's interval
+        # exists to avoid.
         interval = None if step.best_engine else scaling.interval(step.talk_interval)
         with engine_configured(**base, retention_interval=interval, **_features(step)):
             run = run_create(

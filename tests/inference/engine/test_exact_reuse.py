@@ -50,7 +50,8 @@ def _run_all(engine, jobs):
 def test_random_divergence_points_are_reused_exactly(make_hybrid_engine):
     """≥ 200 trials over block sizes and intervals. Per trial a head of random length S, then
     prompts A, B, C that share exactly S tokens, in that order. With a breakpoint at S on A, B
-    resumes at S; without, B finds the junction at S and keeps a checkpoint there, so C does.
+    resumes at S; without, B finds the junction at S and keeps a checkpoint there, so C does
+    (dense retention keeps the window at every token: B resumes at S with no junction).
     Full-attention model: B resumes at S with no checkpoint at all. Greedy outputs equal the
     uncached engine's."""
     uncached = make_hybrid_engine(enable_prefix_caching=False, max_num_batched_tokens=4096)
@@ -93,12 +94,38 @@ def test_random_divergence_points_are_reused_exactly(make_hybrid_engine):
         for index, (shared, _, declared) in enumerate(trials):
             a, b, c = (outputs[step][index] for step in range(3))
             assert a.metrics.num_cached_tokens == 0
-            if declared:
+            if declared or interval is None:  # dense: the window is kept at every token
                 assert b.metrics.num_cached_tokens == shared, (block_size, interval, shared)
             assert c.metrics.num_cached_tokens == shared, (block_size, interval, shared, declared)
             assert [o.token_ids for o in (a, b, c)] == [
                 r.token_ids for r in reference[3 * index : 3 * index + 3]
             ]
             num_trials += 1
-        assert engine.stats().num_junction_checkpoints > 0
+        # Dense needs no junction: b resumes where it leaves a, c where it leaves a and b.
+        assert (engine.stats().num_junction_checkpoints > 0) == (interval is not None)
     assert num_trials >= 200
+
+
+def test_dense_retention_resumes_exactly_where_a_prompt_leaves_a_cached_one(make_hybrid_engine):
+    """Dense retention keeps every block of the window, so the window's state at every token.
+    The town's case: residents' own parts share a turn header and a few words past the shared
+    head's breakpoint; one arriving after the first has computed past that point finds no
+    junction kept there, yet resumes exactly where it leaves the cached prompt (not at the
+    breakpoint, losing the rest to retention). A prompt that continues a whole earlier prompt
+    resumes at its end, inside its unfilled last block. Outputs equal the uncached engine's."""
+    rng = random.Random(21)
+    head, leaves = 980, 987  # the breakpoint, and where b leaves a: inside block 61 (976..991)
+    a = random_tokens(rng, 1300)
+    b = a[:leaves] + random_tokens(rng, 40)
+    c = a + random_tokens(rng, 30)
+    assert b[leaves] != a[leaves] and len(a) % 16
+    greedy = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(**greedy)
+    engine = make_hybrid_engine(retention_interval=None)
+    outs = [engine.generate(a, SamplingParams(**greedy, cache_breakpoints=[head]))[0]]
+    outs += [engine.generate(p, params)[0] for p in (b, c)]
+    assert [o.metrics.num_cached_tokens for o in outs] == [0, leaves, len(a)]
+    assert [o.metrics.num_lost_to_retention for o in outs] == [0, 0, 0]
+    assert all(o.metrics.num_lost_to_alignment == 0 for o in outs)
+    reference = make_hybrid_engine(enable_prefix_caching=False).generate([a, b, c], params)
+    assert [o.token_ids for o in outs] == [r.token_ids for r in reference]
