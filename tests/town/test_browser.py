@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference.runtime import engine_configured
 from tests.town.browser_fixtures import CHROMIUM, DOCS, TickInBackground, off_loop
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
@@ -52,6 +53,17 @@ WALKER_JS = """(id) => {
 }"""
 
 
+@pytest.fixture
+def fresh_engine():
+    """This process's engine built afresh (an empty prefix cache) for one test. The sampled
+    decisions then depend on the test alone: what earlier tests left cached changes where a
+    prompt's blocks lie, so the attention's floats in the last bits, and sampling at
+    temperature 1 follows them."""
+    with engine_configured() as engine:
+        yield engine
+
+
+@pytest.mark.usefixtures("fresh_engine")
 def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_server, browser):
     run = off_loop(
         lambda: services.run_start(
@@ -199,6 +211,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     assert not errors, errors
 
 
+@pytest.mark.usefixtures("fresh_engine")
 def test_the_live_page_fits_a_phone_screen(web_server, browser):
     run = off_loop(
         lambda: services.run_start(
