@@ -95,7 +95,11 @@ def _decision_seed(decision: Decision) -> int | None:
     run = decision.run
     if run.temperature == 0:
         return None
-    return (run.seed * 1_000_003 + decision.tick.index * 10_007 + decision.resident_id) % 2**31
+    # The resident's place in the town, not its database id: the same seed gives the same
+    # decisions in any database.
+    resident = decision.resident
+    ordinal = resident.town.residents.filter(id__lt=resident.id).count()
+    return (run.seed * 1_000_003 + decision.tick.index * 10_007 + ordinal) % 2**31
 
 
 def _decision_begin(*, decision_id: int, worker: str, send: int) -> Decision | None:
