@@ -64,7 +64,17 @@ def test_padded_decode_step_matches_the_eager_step_and_padding_writes_nothing(se
         padded = graphs.forward(runner.model, runner.kv_caches, size)
         assert padded.shape[0] == 4 and not padded.isnan().any()
         torch.testing.assert_close(padded[:3], eager, atol=1e-5, rtol=1e-5)
-        assert torch.equal(runner.kv_cache, after)  # the same K/V written, nothing for padding
+        # The three decode slots hold the eager step's K/V up to rounding: the padded step's
+        # projections are a GEMM of another shape, which rounds differently on some CPUs
+        # (AVX2 vs AVX-512). Every other slot is exactly as before: padding wrote nothing.
+        written = torch.tensor(slots)
+        torch.testing.assert_close(
+            runner.kv_cache[:, :, written], after[:, :, written], atol=1e-5, rtol=1e-5
+        )
+        untouched = torch.ones(runner.kv_cache.shape[2], dtype=torch.bool)
+        untouched[written] = False
+        assert torch.equal(runner.kv_cache[:, :, untouched], before[:, :, untouched])
+        assert not torch.equal(after[:, :, written], before[:, :, written])  # the step wrote
         assert not graphs.can_run(decode, 3)  # no graph captured: the runner runs eagerly
     finally:
         engine.shutdown()
