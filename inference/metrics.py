@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -230,11 +230,16 @@ class RedisCollector:
             yield family
 
 
-@require_GET
+@require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    """GET: the exposition; HEAD: the same status and headers, no body (uptime checks)."""
     from inference.engine_stats import EngineStatsCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector())
     registry.register(EngineStatsCollector(_store.client()))
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    body = generate_latest(registry)
+    response = HttpResponse(b"" if request.method == "HEAD" else body)
+    response["Content-Type"] = CONTENT_TYPE_LATEST
+    response["Content-Length"] = str(len(body))
+    return response

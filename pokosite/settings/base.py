@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "rest_framework.authtoken",  # tokens for machine clients (manage.py drf_create_token)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI / Redoc assets, served from static/
     "inference.apps.InferenceConfig",
@@ -108,6 +109,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Right after the session user is set: with Access on, the token's user replaces it.
     "pokosite.cloudflare_access.middleware.CloudflareAccessMiddleware",
+    # Production without Access only (LOGIN_REQUIRED_WITHOUT_ACCESS): everything needs a login.
+    "pokosite.cloudflare_access.login_required.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -161,7 +164,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("POKOMACHI_STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 
 # Redis: Celery's broker and result backend, and the Channels layer. The launcher starts an
@@ -261,6 +264,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "pokosite.cloudflare_access.authentication.CloudflareAccessAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
     ],
 }
 SPECTACULAR_SETTINGS = {
@@ -280,6 +284,10 @@ SPECTACULAR_SETTINGS = {
 
 # Cloudflare Access (issue 8): when both are set, every request must carry a valid Access JWT.
 # Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.
+# Watching runs needs a logged-in user (town/access.py); production without Access turns it on.
+TOWN_VIEW_LOGIN_REQUIRED = env_bool("POKOMACHI_TOWN_VIEW_LOGIN_REQUIRED", False)
+# Set by production without Access: every path but /healthz and the login page needs a login.
+LOGIN_REQUIRED_WITHOUT_ACCESS = False
 CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")  # myteam.cloudflareaccess.com
 CF_ACCESS_AUD = os.environ.get("CF_ACCESS_AUD", "")  # the application's AUD tag (comma: several)
 # Staff / superuser under Access come from these lists only (emails, or Access group names or ids

@@ -181,3 +181,11 @@ def test_engine_lost_token_fields_become_counters_when_the_engine_has_them(
     assert s["vllm:num_requests_running"][labels] == 2
     lost = s["pokomachi:engine_lost_prompt_tokens_total"]
     assert lost[(*labels, ("reason", "retention_grid"))] == 1024
+
+
+def test_head_answers_like_get_without_a_body(metrics_prefix):
+    get, head = Client().get("/metrics"), Client().head("/metrics")
+    assert get.status_code == head.status_code == 200
+    assert head["Content-Type"] == get["Content-Type"]
+    assert int(head["Content-Length"]) > 0 and head.content == b""
+    assert Client().post("/metrics").status_code == 405

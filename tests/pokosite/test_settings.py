@@ -47,6 +47,8 @@ _ENV_NAMES = (
     "POKOMACHI_SECRET_KEY", "POKOMACHI_ALLOWED_HOSTS", "POKOMACHI_VISIBILITY_TIMEOUT",
     "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE", "POKOMACHI_OPENAI_BASE_URL",
     "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
+    "CF_ACCESS_TEAM_DOMAIN", "CF_ACCESS_AUD", "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS",
+    "POKOMACHI_HSTS_SECONDS",
 )  # fmt: skip
 
 
@@ -152,19 +154,93 @@ def test_production_refuses_to_start_without_secrets(tmp_path):
     assert result.returncode != 0
     assert "POKOMACHI_SECRET_KEY must be set in production" in result.stderr
     result = settings_load(
-        "pokosite.settings.production", POKOMACHI_VAR_DIR=str(tmp_path), POKOMACHI_SECRET_KEY="x"
+        "pokosite.settings.production",
+        POKOMACHI_VAR_DIR=str(tmp_path),
+        POKOMACHI_SECRET_KEY="a-long-enough-key-for-this-check-0123456789",
     )
     assert "POKOMACHI_ALLOWED_HOSTS must be set in production" in result.stderr
+
+
+REAL_KEY = "k" * 20 + "-not-the-placeholder-0123456789"
+ACCESS_ON = {
+    "CF_ACCESS_TEAM_DOMAIN": "myteam.cloudflareaccess.com",
+    "CF_ACCESS_AUD": "aud-tag",
+}
 
 
 def test_production_with_secrets(tmp_path):
     dumped = settings_dump(
         "pokosite.settings.production",
         POKOMACHI_VAR_DIR=str(tmp_path),
-        POKOMACHI_SECRET_KEY="s3cret",
+        POKOMACHI_SECRET_KEY=REAL_KEY,
         POKOMACHI_ALLOWED_HOSTS="town.example.com",
+        **ACCESS_ON,
     )
     assert dumped["DEBUG"] is False
+
+
+@pytest.mark.parametrize(
+    "key", ["replace-with-a-long-random-secret", "s3cret", "replace-with-" + "x" * 40]
+)
+def test_production_refuses_the_placeholder_or_a_short_secret_key(tmp_path, key):
+    result = settings_load(
+        "pokosite.settings.production",
+        POKOMACHI_VAR_DIR=str(tmp_path),
+        POKOMACHI_SECRET_KEY=key,
+        POKOMACHI_ALLOWED_HOSTS="town.example.com",
+        **ACCESS_ON,
+    )
+    assert result.returncode != 0
+    assert "POKOMACHI_SECRET_KEY is the placeholder from .env.example or shorter" in result.stderr
+
+
+def test_production_refuses_to_start_without_access_unless_told_loudly(tmp_path):
+    env = dict(
+        POKOMACHI_VAR_DIR=str(tmp_path),
+        POKOMACHI_SECRET_KEY=REAL_KEY,
+        POKOMACHI_ALLOWED_HOSTS="town.example.com",
+    )
+    result = settings_load("pokosite.settings.production", **env)
+    assert result.returncode != 0
+    assert "Cloudflare Access is not configured" in result.stderr
+    assert "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS=true" in result.stderr
+    result = settings_load(
+        "pokosite.settings.production", POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS="true", **env
+    )
+    assert result.returncode == 0, result.stderr
+
+
+_HSTS = """
+import django
+django.setup()
+from django.conf import settings as s
+print(s.SECURE_HSTS_SECONDS, s.LOGIN_REQUIRED_WITHOUT_ACCESS, s.TOWN_VIEW_LOGIN_REQUIRED)
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (ACCESS_ON, "31536000 False False"),
+        ({**ACCESS_ON, "POKOMACHI_HSTS_SECONDS": "0"}, "0 False False"),
+        ({"POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS": "true"}, "31536000 True True"),
+    ],
+)
+def test_production_hsts_is_on_by_default_and_no_access_means_login(tmp_path, extra, expected):
+    clean = {k: v for k, v in os.environ.items() if k not in _ENV_NAMES}
+    env = {
+        **clean,
+        "DJANGO_SETTINGS_MODULE": "pokosite.settings.production",
+        "POKOMACHI_VAR_DIR": str(tmp_path),
+        "POKOMACHI_SECRET_KEY": REAL_KEY,
+        "POKOMACHI_ALLOWED_HOSTS": "town.example.com",
+        **extra,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _HSTS], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == expected
 
 
 def test_test_settings_share_a_file_database_and_redis_db_15():
