@@ -65,8 +65,7 @@ class CompileWorker:
     def compile(self, schema_text: str, timeout_s: float) -> str:
         """The compiled grammar as xgrammar's JSON. ValueError when xgrammar refuses the schema
         or the compile runs past `timeout_s` (the worker is then killed: do not reuse it)."""
-        if not self._is_ready:
-            self._wait_ready()
+        self.wait_ready()
         self._requests.send_bytes(schema_text.encode("utf-8", "surrogatepass"))
         if not self._replies.poll(timeout_s):
             self.kill()
@@ -79,7 +78,10 @@ class CompileWorker:
             raise ValueError(f"invalid json_schema: {reply[2:].decode('utf-8', 'replace')}")
         return reply[2:].decode()
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
+        """Block until the worker has loaded xgrammar (once; RuntimeError if it never does)."""
+        if self._is_ready:
+            return
         if not self._replies.poll(STARTUP_TIMEOUT_S):
             self.kill()
             raise RuntimeError(
@@ -140,6 +142,17 @@ class CompilePool:
             raise
         self._give_back(worker)
         return result
+
+    def start(self, num_workers: int) -> None:
+        """Start workers until `num_workers` exist (at most max_workers) and wait until they are
+        ready, so the next compiles do not wait for a worker to load."""
+        started = []
+        while len(started) < num_workers and self._num_workers < self.max_workers:
+            started.append(self._take())
+        for worker in started:
+            worker.wait_ready()
+        for worker in started:
+            self._give_back(worker)
 
     def _take(self) -> CompileWorker:
         deadline = time.monotonic() + self.timeout_s
@@ -248,6 +261,12 @@ class GrammarCache:
     @property
     def num_bytes(self) -> int:
         return self._num_bytes
+
+    @property
+    def num_compiling(self) -> int:
+        """Schemas being compiled right now."""
+        with self._lock:
+            return len(self._pending)
 
 
 def _unwrap(value: xgr.CompiledGrammar | ValueError) -> xgr.CompiledGrammar:

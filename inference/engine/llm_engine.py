@@ -61,6 +61,7 @@ class StreamDelta:
     text: str  # safe to show: no half character, no part of a stop string
     token_ids: list[int] = field(default_factory=list)
     output: RequestOutput | None = None
+    request_id: str = ""  # for LLMEngine.abort
 
 
 class LLMEngine:
@@ -199,9 +200,10 @@ class LLMEngine:
                     token_ids.append(more)
                 text = detokenizer.add(token_ids)
                 if text:
-                    yield StreamDelta(text=text, token_ids=token_ids)
+                    yield StreamDelta(text, token_ids, request_id=request.request_id)
             output = future.result()  # raises what failed the request
-            yield StreamDelta(text=detokenizer.finish(output.text), output=output)
+            text = detokenizer.finish(output.text)
+            yield StreamDelta(text, output=output, request_id=request.request_id)
         finally:
             if not future.done():  # closed early, timed out, or the consumer failed
                 self.abort(request.request_id, "its stream was closed before the end")

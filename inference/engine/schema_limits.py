@@ -37,55 +37,72 @@ class SchemaLimits:
 
 
 def check_schema(schema_text: str, limits: SchemaLimits) -> None:
-    """ValueError naming the first limit the schema is over; None when it is within all."""
+    """ValueError naming every limit the schema is over (with the value found); None when it is
+    within all. Size and depth are read off the text; the rest needs it parsed, so it is
+    checked only once those two pass."""
+    over: list[tuple[str, int, str]] = []
     num_bytes = len(schema_text.encode("utf-8", "surrogatepass"))
     if num_bytes > limits.max_schema_bytes:
-        _over("max_schema_bytes", limits.max_schema_bytes, f"the schema is {num_bytes} bytes")
-    depth = _text_depth(schema_text)
-    if depth > limits.max_depth:
-        _over("max_depth", limits.max_depth, f"the schema nests {depth} levels deep")
+        over.append(("max_schema_bytes", limits.max_schema_bytes, f"it is {num_bytes} bytes"))
+    if num_bytes <= 64 * limits.max_schema_bytes:  # a huge text is refused on size alone
+        depth = _text_depth(schema_text)
+        if depth > limits.max_depth:
+            over.append(("max_depth", limits.max_depth, f"it nests {depth} levels deep"))
+    if not over:
+        over = _parsed_problems(schema_text, limits)
+    if over:
+        listed = "; ".join(f"{name}={limit} ({found})" for name, limit, found in over)
+        raise ValueError(
+            f"json_schema is over the limit{'s' if len(over) > 1 else ''} {listed}: simplify "
+            "the schema (these bounds keep grammar compilation fast for every caller)"
+        )
+
+
+def _parsed_problems(schema_text: str, limits: SchemaLimits) -> list[tuple[str, int, str]]:
     try:
         schema = json.loads(schema_text)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"invalid json_schema: not valid JSON ({exc})") from exc
+    over: list[tuple[str, int, str]] = []
     total_enum_values = 0
     for node in _walk(schema):
         enum = node.get("enum")
         if isinstance(enum, list):
             if len(enum) > limits.max_enum_values:
                 found = f"an enum has {len(enum)} values"
-                _over("max_enum_values", limits.max_enum_values, found)
+                over.append(("max_enum_values", limits.max_enum_values, found))
             total_enum_values += len(enum)
         for pattern in _patterns(node):
-            check_pattern(pattern, limits)
+            over.extend(pattern_problems(pattern, limits))
     if total_enum_values > limits.max_total_enum_values:
         found = f"the enums have {total_enum_values} values in all"
-        _over("max_total_enum_values", limits.max_total_enum_values, found)
+        over.append(("max_total_enum_values", limits.max_total_enum_values, found))
+    return list(dict.fromkeys(over))  # one line per distinct problem
 
 
-def check_pattern(pattern: str, limits: SchemaLimits) -> None:
-    """The regex limits for one pattern: its length, each repetition count, and how deep and
-    how multiplied its quantifiers nest."""
+def pattern_problems(pattern: str, limits: SchemaLimits) -> list[tuple[str, int, str]]:
+    """The regex limits one pattern is over: its length, a repetition count, and how deep and
+    how multiplied its quantifiers nest; as (limit name, limit, what was found)."""
+    over: list[tuple[str, int, str]] = []
     if len(pattern) > limits.max_pattern_length:
         found = f"a pattern is {len(pattern)} characters"
-        _over("max_pattern_length", limits.max_pattern_length, found)
-    for count, nesting, product in _quantifiers(pattern):
-        if count > limits.max_pattern_repeat:
-            found = f"pattern {_short(pattern)} repeats {count} times"
-            _over("max_pattern_repeat", limits.max_pattern_repeat, found)
-        if nesting > limits.max_quantifier_nesting:
-            found = f"pattern {_short(pattern)} nests quantifiers {nesting} deep"
-            _over("max_quantifier_nesting", limits.max_quantifier_nesting, found)
-        if nesting > 1 and product > limits.max_nested_repeat:
-            found = f"pattern {_short(pattern)} repeats {product} times through nested quantifiers"
-            _over("max_nested_repeat", limits.max_nested_repeat, found)
-
-
-def _over(name: str, limit: int, found: str) -> None:
-    raise ValueError(
-        f"json_schema is over the limit {name}={limit}: {found}; simplify the schema "
-        "(these bounds keep grammar compilation fast for every caller)"
-    )
+        over.append(("max_pattern_length", limits.max_pattern_length, found))
+        return over
+    quantifiers = _quantifiers(pattern)
+    count = max((c for c, _, _ in quantifiers), default=0)
+    nesting = max((d for _, d, _ in quantifiers), default=0)
+    product = max((p for _, d, p in quantifiers if d > 1), default=0)
+    shown = _short(pattern)
+    if count > limits.max_pattern_repeat:
+        found = f"pattern {shown} repeats {count} times"
+        over.append(("max_pattern_repeat", limits.max_pattern_repeat, found))
+    if nesting > limits.max_quantifier_nesting:
+        found = f"pattern {shown} nests quantifiers {nesting} deep"
+        over.append(("max_quantifier_nesting", limits.max_quantifier_nesting, found))
+    if product > limits.max_nested_repeat:
+        found = f"pattern {shown} repeats {product} times through nested quantifiers"
+        over.append(("max_nested_repeat", limits.max_nested_repeat, found))
+    return over
 
 
 def _short(pattern: str) -> str:

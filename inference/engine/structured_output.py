@@ -89,6 +89,11 @@ class StructuredOutputManager:
     def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
         return xgr.CompiledGrammar.deserialize_json(self._pool.compile(schema_text), self._info)
 
+    def start_workers(self, num_workers: int = 1) -> None:
+        """Start compile workers now (seconds each: they import xgrammar), so that the first
+        schemas do not wait for one."""
+        self._pool.start(num_workers)
+
     def close(self) -> None:
         """Stop the compile workers (the engine shuts down)."""
         self._pool.close()
