@@ -11,3 +11,7 @@ class UnknownNodeError(InferenceError):
 
 class CompletionInputError(InferenceError):
     """A completion request the engine cannot serve: bad messages, limits or schema."""
+
+
+class CompletionTimeoutError(InferenceError):
+    """A completion that did not finish within its deadline; the engine aborted it."""

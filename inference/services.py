@@ -8,6 +8,7 @@ shape whichever backend answered; `on_text` receives the text as it is decoded (
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 
-from inference.errors import CompletionInputError
+from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.metrics import metrics_record
 from inference.remote import remote_generate, remote_is_configured
 from inference.runtime import engine_get
@@ -71,6 +72,7 @@ def completion_generate(
     stop: list[str] | None = None,
     cache_salt: str | None = None,
     on_text: Callable[[str], None] | None = None,
+    timeout_s: float | None = None,
 ) -> Completion:
     """Run one chat completion (blocking; safe from many threads) on this process's engine, or
     on the external server of settings.INFERENCE_OPENAI when it has a base_url.
@@ -78,7 +80,9 @@ def completion_generate(
     With `json_schema`, decoding is constrained to JSON that the schema accepts. `on_text` is
     called with each piece of text as it is decoded (no half characters, no part of a stop
     string); the pieces add up to the completion's text. Bad input raises CompletionInputError
-    with the backend's reason.
+    with the backend's reason. Past `timeout_s` (its caller gives up then) the engine aborts the
+    request, freeing its KV blocks, and CompletionTimeoutError is raised; so does an exception
+    raised by `on_text` (e.g. the stream's reader went away), which then propagates.
     """
     _messages_check(messages)
     if json_schema is not None and not isinstance(json_schema, dict):
@@ -106,7 +110,7 @@ def completion_generate(
             num_prompt_tokens=metrics["num_prompt_tokens"] or 0,
             metrics=metrics,
         )
-    return _engine_generate(on_text=on_text, **request)
+    return _engine_generate(on_text=on_text, timeout_s=timeout_s, **request)
 
 
 def _engine_generate(
@@ -120,6 +124,7 @@ def _engine_generate(
     stop: list[str] | None,
     cache_salt: str | None,
     on_text: Callable[[str], None] | None,
+    timeout_s: float | None,
 ) -> Completion:
     from inference.engine import SamplingParams
 
@@ -134,14 +139,19 @@ def _engine_generate(
             cache_salt=cache_salt,
         )
         if on_text is None:
-            (output,) = engine_get().generate([messages], params)
+            (output,) = engine_get().generate([messages], params, timeout=timeout_s)
         else:
-            for delta in engine_get().generate_stream(messages, params):
-                if delta.text:
-                    on_text(delta.text)
-                output = delta.output
+            # closing: an exception in on_text closes the stream now, which aborts the request.
+            stream = engine_get().generate_stream(messages, params, timeout=timeout_s)
+            with contextlib.closing(stream):
+                for delta in stream:
+                    if delta.text:
+                        on_text(delta.text)
+                    output = delta.output
     except ValueError as exc:
         raise CompletionInputError(str(exc)) from exc
+    except TimeoutError as exc:
+        raise CompletionTimeoutError(str(exc)) from exc
     metrics = dataclasses.asdict(output.metrics)
     metrics_record(
         model=settings.INFERENCE_ENGINE["model"],

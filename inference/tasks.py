@@ -6,6 +6,12 @@ completion redelivered after a worker died would come back long after its HTTP c
 Bad input is an answer, not a failure: it comes back as {"error": ...} for the web to send as 400.
 With a stream key, the text also goes to that Redis stream as it is decoded
 (inference/completion_streams.py), ending with the same result or the error.
+
+Deadline: the web gives up after settings.OPENAI_API_TIMEOUT_S, so the completion is aborted in
+the engine (its KV blocks freed) once that long has passed since the task started, and the
+answer is {"error": ..., "status": 504}. Celery's soft/hard time limits are set a little later
+as a backstop, but only a prefork pool enforces them: node workers run `--pool threads`, which
+ignores them, so the engine deadline is what ends a completion.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 
 from inference.completion_streams import StreamPublisher
-from inference.errors import CompletionInputError
+from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, completion_generate
 
 logger = logging.getLogger(__name__)
@@ -32,21 +40,44 @@ def _result(completion: Completion) -> dict[str, Any]:
     }
 
 
-@shared_task(name="inference.chat_completion", acks_late=False)
+# Past the engine deadline (OPENAI_API_TIMEOUT_S): for prefork pools only, see above.
+SOFT_TIME_LIMIT_S = settings.OPENAI_API_TIMEOUT_S + 30
+TIME_LIMIT_S = settings.OPENAI_API_TIMEOUT_S + 60
+
+
+def _timeout_message(exc: BaseException) -> str:
+    return f"the completion ran out of time on the node: {exc}"
+
+
+@shared_task(
+    name="inference.chat_completion",
+    acks_late=False,
+    soft_time_limit=SOFT_TIME_LIMIT_S,
+    time_limit=TIME_LIMIT_S,
+)
 def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> dict[str, Any]:
     """`request`: completion_generate's keyword arguments (plain JSON). Returns the completion
-    as a dict, or {"error": why}; with `stream_key`, streams it there as well."""
+    as a dict, or {"error": why} ({"error": why, "status": 504} when it ran out of time); with
+    `stream_key`, streams it there as well."""
+    timeout_s = settings.OPENAI_API_TIMEOUT_S
     if stream_key is None:
         try:
-            return _result(completion_generate(**request))
+            return _result(completion_generate(**request, timeout_s=timeout_s))
         except CompletionInputError as exc:
             return {"error": str(exc)}
+        except (CompletionTimeoutError, SoftTimeLimitExceeded) as exc:
+            return {"error": _timeout_message(exc), "status": 504}
     with StreamPublisher(stream_key) as stream:
         try:
-            result = _result(completion_generate(**request, on_text=stream.delta))
+            result = _result(
+                completion_generate(**request, on_text=stream.delta, timeout_s=timeout_s)
+            )
         except CompletionInputError as exc:
             stream.error(f"the engine refused the request: {exc}", status=400)
             return {"error": str(exc)}
+        except (CompletionTimeoutError, SoftTimeLimitExceeded) as exc:
+            stream.error(_timeout_message(exc), status=504)
+            return {"error": _timeout_message(exc), "status": 504}
         except Exception as exc:
             stream.error(f"the node failed the completion: {type(exc).__name__}: {exc}", status=500)
             raise

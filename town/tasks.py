@@ -4,6 +4,11 @@ was sent to. An interface only: it takes an id and calls one service.
 acks_late: the message is acknowledged after the task ran, so a worker killed mid-decision
 leaves it unacknowledged and the broker hands it out again (after the visibility timeout); the
 Decision counts the attempt as a retry. Other failures are retried twice, then recorded.
+
+Time: the run's decision_timeout_s is the engine's deadline (decision_compute aborts the
+request past it). SOFT_TIME_LIMIT_S / TIME_LIMIT_S are a backstop above any run's timeout,
+enforced by prefork pools only (node workers run `--pool threads`, which ignores them); a soft
+limit that fires fails the decision with a clear error instead of retrying it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from inference.nodes import node_queue
 from town.services import decision_compute as decision_compute_service
@@ -19,6 +25,8 @@ from town.services import decision_fail
 logger = logging.getLogger(__name__)
 
 MAX_RETRIES = 2
+SOFT_TIME_LIMIT_S = 3 * 3600
+TIME_LIMIT_S = SOFT_TIME_LIMIT_S + 60
 
 
 @shared_task(
@@ -27,12 +35,19 @@ MAX_RETRIES = 2
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=MAX_RETRIES,
+    soft_time_limit=SOFT_TIME_LIMIT_S,
+    time_limit=TIME_LIMIT_S,
 )
 def decision_compute(self, decision_id: int, send: int = 1) -> bool:
     try:
         return decision_compute_service(
             decision_id=decision_id, worker=self.request.hostname or "", send=send
         )
+    except SoftTimeLimitExceeded:
+        error = f"the decision ran past the task's soft time limit ({SOFT_TIME_LIMIT_S} s)"
+        logger.error("decision %s: %s", decision_id, error)
+        decision_fail(decision_id=decision_id, error=error)
+        return False
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:
             logger.exception("decision %s failed %s times; giving up", decision_id, MAX_RETRIES + 1)

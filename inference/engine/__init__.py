@@ -4,7 +4,7 @@ Pure Python + torch (+ xgrammar, gguf, tokenizers); never imports Django-side co
 """
 
 from inference.engine.config import EngineConfig
-from inference.engine.llm_engine import LLMEngine, RequestOutput, StreamDelta
+from inference.engine.llm_engine import LLMEngine, RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.metrics import EngineStats, RequestMetrics
 from inference.engine.sampling_params import SamplingParams
 
@@ -12,6 +12,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "LLMEngine",
+    "RequestAbortedError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

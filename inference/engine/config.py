@@ -6,10 +6,11 @@ engine reads the environment or settings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inference.engine.model_files import known_model_names
 from inference.engine.retention import check_retention_interval
+from inference.engine.schema_limits import SchemaLimits
 
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -62,6 +63,13 @@ class EngineConfig:
     # Torch path: all decoding sequences of a step read their contexts together, one masked
     # attention call per window of nearby slots (see decode_windows). Off: one call per span.
     enable_decode_windows: bool = True
+    # JSON schemas (structured_output): bounds checked before compiling (a dict of SchemaLimits
+    # fields is accepted), the compile deadline, how many schemas compile at once (each in its
+    # own worker process), and the byte budget of the compiled-grammar cache.
+    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
+    grammar_compile_timeout_s: float = 20.0
+    grammar_compile_workers: int = 4
+    grammar_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -93,7 +101,25 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
+        self._check_grammar_fields()
         self._resolve_dtype_and_backend()
+
+    def _check_grammar_fields(self) -> None:
+        if isinstance(self.schema_limits, dict):
+            self.schema_limits = SchemaLimits(**self.schema_limits)
+        if not isinstance(self.schema_limits, SchemaLimits):
+            raise ValueError("schema_limits must be a SchemaLimits or a dict of its fields")
+        if not 0 < self.grammar_compile_timeout_s < float("inf"):
+            raise ValueError(
+                f"grammar_compile_timeout_s must be a finite number of seconds > 0, got "
+                f"{self.grammar_compile_timeout_s}"
+            )
+        if self.grammar_compile_workers < 1:
+            raise ValueError(
+                f"grammar_compile_workers must be ≥ 1, got {self.grammar_compile_workers}"
+            )
+        if self.grammar_cache_bytes < 0:
+            raise ValueError(f"grammar_cache_bytes must be ≥ 0, got {self.grammar_cache_bytes}")
 
     def _resolve_dtype_and_backend(self) -> None:
         on_cuda = self.device.startswith("cuda")

@@ -2,6 +2,10 @@
 
 A step is three lines — schedule, run, postprocess — as in nano-vllm. Requests from every
 caller thread meet in the same scheduler, so concurrent decisions are batched together.
+
+A caller that gives up (generate's `timeout`, a stream closed early, `abort`) has its request
+finished as aborted between two steps: its KV blocks are freed and its future raises
+RequestAbortedError; the other requests go on untouched.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ logger = logging.getLogger(__name__)
 Prompt = str | list[int] | list[dict[str, Any]]
 
 
+class RequestAbortedError(RuntimeError):
+    """The request was aborted before it finished (its caller gave up: see LLMEngine.abort)."""
+
+
 @dataclass(slots=True)
 class RequestOutput:
     request_id: str
@@ -53,6 +61,7 @@ class StreamDelta:
     text: str  # safe to show: no half character, no part of a stop string
     token_ids: list[int] = field(default_factory=list)
     output: RequestOutput | None = None
+    request_id: str = ""  # for LLMEngine.abort
 
 
 class LLMEngine:
@@ -102,7 +111,14 @@ class LLMEngine:
             and config.enable_prefix_caching
             and self.kv_cache_manager.sliding is not None,
         )
-        self.structured = StructuredOutputManager(self.tokenizer, loaded.config.vocab_size)
+        self.structured = StructuredOutputManager(
+            self.tokenizer,
+            loaded.config.vocab_size,
+            limits=config.schema_limits,
+            compile_timeout_s=config.grammar_compile_timeout_s,
+            max_compile_workers=config.grammar_compile_workers,
+            cache_bytes=config.grammar_cache_bytes,
+        )
         self.runner = ModelRunner(
             loaded,
             self.num_blocks,
@@ -120,6 +136,7 @@ class LLMEngine:
         self._lock = threading.Condition()
         self._inbox: list[tuple[Request, Future]] = []
         self._futures: dict[str, Future] = {}
+        self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
         self._num_steps = 0
         self._num_forced_tokens = 0
         self._shutdown = False
@@ -129,22 +146,41 @@ class LLMEngine:
     # ---- the public front -------------------------------------------------------------
 
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion (blocking); safe to call from many threads at once."""
+        """Run prompts to completion (blocking); safe to call from many threads at once.
+        Past `timeout` seconds (counted once the requests are built and queued) the requests
+        still running are aborted and TimeoutError is raised."""
         params = params or SamplingParams()
         batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
         requests = [self._make_request(prompt, params) for prompt in batch]
         futures = self._submit(requests)
-        return [future.result() for future in futures]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return [future.result(_left(deadline)) for future in futures]
+        except TimeoutError:
+            self._abort_all(requests, f"not finished within {timeout:g} s")
+            raise TimeoutError(
+                f"the completion did not finish within {timeout:g} s; it was aborted and its "
+                "KV blocks freed"
+            ) from None
+        except BaseException:  # the caller's thread is interrupted: nobody will read these
+            self._abort_all(requests, "its caller stopped waiting")
+            raise
 
     def generate_stream(
-        self, prompt: Prompt, params: SamplingParams | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, *, timeout: float | None = None
     ) -> Iterator[StreamDelta]:
         """Run one prompt, yielding its text as tokens are sampled (blocking, in the caller's
         thread; thread-safe like `generate`). The deltas add up to the final text, which the
         last delta's `output` carries. The request is batched with everything else in flight.
-        Leaving the loop early does not stop the request: it runs to its end unread."""
+        Closing the generator early (or an exception in the consumer's loop, once the generator
+        is closed) aborts the request; past `timeout` seconds it is aborted and TimeoutError
+        is raised."""
         params = params or SamplingParams()
         request = self._make_request(prompt, params)
         sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -153,18 +189,24 @@ class LLMEngine:
         # Runs after the last on_token on the loop thread (or at once if already done).
         future.add_done_callback(lambda _: sampled.put(None))
         detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop_list)
-        while (token := sampled.get()) is not None:
-            token_ids = [token]
-            while not sampled.empty():  # take what piled up, decode once
-                if (more := sampled.get()) is None:
-                    sampled.put(None)
-                    break
-                token_ids.append(more)
-            text = detokenizer.add(token_ids)
-            if text:
-                yield StreamDelta(text=text, token_ids=token_ids)
-        output = future.result()  # raises what failed the request
-        yield StreamDelta(text=detokenizer.finish(output.text), output=output)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while (token := _next_token(sampled, deadline, timeout)) is not None:
+                token_ids = [token]
+                while not sampled.empty():  # take what piled up, decode once
+                    if (more := sampled.get()) is None:
+                        sampled.put(None)
+                        break
+                    token_ids.append(more)
+                text = detokenizer.add(token_ids)
+                if text:
+                    yield StreamDelta(text, token_ids, request_id=request.request_id)
+            output = future.result()  # raises what failed the request
+            text = detokenizer.finish(output.text)
+            yield StreamDelta(text, output=output, request_id=request.request_id)
+        finally:
+            if not future.done():  # closed early, timed out, or the consumer failed
+                self.abort(request.request_id, "its stream was closed before the end")
 
     def _submit(self, requests: list[Request]) -> list[Future]:
         futures = [Future() for _ in requests]
@@ -174,6 +216,33 @@ class LLMEngine:
             self._inbox.extend(zip(requests, futures, strict=True))
             self._lock.notify()
         return futures
+
+    def abort(self, request_id: str, reason: str = "aborted by its caller") -> None:
+        """Finish a request as aborted before the next step: its KV blocks are freed and its
+        future raises RequestAbortedError. Thread-safe; a finished or unknown id is ignored."""
+        with self._lock:
+            self._aborts[request_id] = reason
+            self._lock.notify()
+
+    def _abort_all(self, requests: list[Request], reason: str) -> None:
+        for request in requests:
+            self.abort(request.request_id, reason)
+
+    def _apply_aborts(self) -> None:
+        """(loop thread, lock held, between steps) Finish the requests `abort` was asked for."""
+        if not self._aborts:
+            return
+        aborts, self._aborts = self._aborts, {}
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            reason = aborts.get(request.request_id)
+            if reason is None:
+                continue
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            self._futures.pop(request.request_id).set_exception(
+                RequestAbortedError(
+                    f"request {request.request_id} was aborted ({reason}); its KV blocks are freed"
+                )
+            )
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -244,6 +313,7 @@ class LLMEngine:
             self._shutdown = True
             self._lock.notify()
         self._loop.join(timeout=30)
+        self.structured.close()
 
     def _sliding_window(self, model_config) -> int | None:
         """The window of the model's sliding layers (None: it has none, the retention interval
@@ -335,6 +405,7 @@ class LLMEngine:
                     self._futures[request.request_id] = future
                     self.scheduler.add_request(request)
                 self._inbox.clear()
+                self._apply_aborts()
             try:
                 finished = self.step()
             except Exception as exc:  # a bug must not hang every caller
@@ -432,6 +503,22 @@ class LLMEngine:
         for _, future in self._inbox:
             future.set_exception(exc)
         self._inbox.clear()
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _next_token(
+    sampled: queue.SimpleQueue[int | None], deadline: float | None, timeout: float | None
+) -> int | None:
+    try:
+        return sampled.get(timeout=_left(deadline))
+    except queue.Empty:
+        raise TimeoutError(
+            f"the completion did not finish within {timeout:g} s; it was aborted and its KV "
+            "blocks freed"
+        ) from None
 
 
 def _is_single_prompt(prompts: Any) -> bool:

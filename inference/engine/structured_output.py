@@ -5,15 +5,19 @@ to the logits (disallowed tokens → -inf), and the sampled token is fed back to
 After it, the tokens the grammar forces (keys, punctuation, the rest of an enum value once its
 start is chosen) can be appended at once (jump-forward): they need no model step of their own,
 only their K/V, computed with the next step's token.
+
+A schema is checked against SchemaLimits (schema_limits) and compiled by GrammarCache
+(grammar_compiler): in the caller's thread, outside any engine-wide lock, in a worker process
+killed past the compile deadline, once per schema.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import xgrammar as xgr
 
+from inference.engine.grammar_compiler import CompilePool, GrammarCache
+from inference.engine.schema_limits import SchemaLimits, check_schema
 from inference.engine.tokenizer import Tokenizer
 
 _VOCAB_TYPES = {
@@ -52,28 +56,47 @@ class GrammarState:
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Tokenizer, model_vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        model_vocab_size: int,
+        *,
+        limits: SchemaLimits | None = None,
+        compile_timeout_s: float = 20.0,
+        max_compile_workers: int = 4,
+        cache_bytes: int = 256 << 20,
+    ) -> None:
         self.vocab_size = model_vocab_size
-        info = xgr.TokenizerInfo(
+        self._info = xgr.TokenizerInfo(
             tokenizer.vocab,
             _VOCAB_TYPES[tokenizer.vocab_type],
             vocab_size=model_vocab_size,
             stop_token_ids=sorted(tokenizer.stop_token_ids),
         )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self._lock = threading.Lock()
+        self.limits = limits or SchemaLimits()
+        self._pool = CompilePool(
+            self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
+        )
+        self.cache = GrammarCache(self._compile, cache_bytes)
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
 
     def grammar_for(self, schema_text: str) -> GrammarState:
-        """Compile (cached by xgrammar) and start a matcher; ValueError for a bad schema."""
-        try:
-            with self._lock:
-                compiled = self._compiler.compile_json_schema(
-                    schema_text, any_whitespace=False, separators=(",", ":")
-                )
-        except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
-            raise ValueError(f"invalid json_schema: {exc}") from exc
-        return GrammarState(compiled)
+        """A matcher for the schema, compiled (or taken from the cache) in the caller's thread;
+        ValueError for a schema over the limits, invalid, or past the compile deadline."""
+        check_schema(schema_text, self.limits)
+        return GrammarState(self.cache.get(schema_text))
+
+    def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
+        return xgr.CompiledGrammar.deserialize_json(self._pool.compile(schema_text), self._info)
+
+    def start_workers(self, num_workers: int = 1) -> None:
+        """Start compile workers now (seconds each: they import xgrammar), so that the first
+        schemas do not wait for one."""
+        self._pool.start(num_workers)
+
+    def close(self) -> None:
+        """Stop the compile workers (the engine shuts down)."""
+        self._pool.close()
 
     def apply(self, logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:
         """Mask logits rows (N, vocab) in place for the rows that have a grammar."""

@@ -74,7 +74,9 @@ async def _wait(node: str, result: Any, *, deadline: float) -> dict[str, Any] | 
     state = meta.get("status")
     if state == "SUCCESS":
         answer = meta["result"]
-        if "error" in answer:
+        if "error" in answer:  # bad input (400), or the node's deadline passed (504)
+            if answer.get("status") == 504:
+                raise OpenAIError(answer["error"], status=504, type_="timeout")
             raise OpenAIError(f"the engine refused the request: {answer['error']}")
         return answer
     if state in ("FAILURE", "REVOKED"):

@@ -93,6 +93,16 @@ def test_the_openai_client_plain_json_schema_streaming_and_cached_tokens(openai_
         client.chat.completions.create(  # a prompt longer than the model's context
             model=MODEL, messages=[{"role": "user", "content": "melon pan " * 6000}], max_tokens=4
         )
+    deep: dict = {"type": "integer"}  # 40 nested arrays: over the engine's max_depth
+    for _ in range(40):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(openai.BadRequestError, match=r"max_depth=32 \(it nests 41 levels deep\)"):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": deep}},
+        )
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from inference.errors import CompletionInputError
+from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, completion_generate
 from town import events
 from town.actions import action_problem
@@ -195,7 +195,9 @@ def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bo
     """Run the decision's prompt on this process's engine and store output and metrics.
 
     `send`: which send of the decision this delivery is. True if this call stored the answer.
-    Engine errors other than bad input propagate, so the Celery task can retry them.
+    Engine errors other than bad input propagate, so the Celery task can retry them. The run's
+    decision_timeout_s (from dispatch) is the engine's deadline: past it the tick has given up
+    on the decision, so the engine aborts the request and the decision is timed out.
     """
     decision = _decision_begin(decision_id=decision_id, worker=worker, send=send)
     if decision is None:
@@ -210,10 +212,22 @@ def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bo
             seed=_decision_seed(decision),
             # Runs do not share cached prefixes, so each run's numbers are its own.
             cache_salt=decision_cache_salt(run),
+            timeout_s=_decision_time_left(decision),
         )
     except CompletionInputError as exc:
         return _decision_answer(decision=decision, status=D.FAILED, error=f"engine refused: {exc}")
+    except CompletionTimeoutError as exc:
+        return _decision_answer(decision=decision, status=D.TIMED_OUT, error=str(exc))
     return _decision_answer(decision=decision, status=D.COMPUTED, **_metric_fields(completion))
+
+
+def _decision_time_left(decision: Decision) -> float:
+    """Seconds until the tick gives up on the decision (at least a little: a late delivery is
+    still tried briefly rather than refused unseen)."""
+    timeout_s = decision.run.decision_timeout_s
+    if decision.dispatched_at is not None:
+        timeout_s -= (timezone.now() - decision.dispatched_at).total_seconds()
+    return max(timeout_s, 1.0)
 
 
 def decision_fail(*, decision_id: int, error: str) -> bool:

@@ -1,0 +1,275 @@
+"""Compiling JSON schemas into grammars: off the engine's lock, once per schema, with a deadline.
+
+- `GrammarCache` (what StructuredOutputManager uses): compiled grammars by the schema's SHA-256,
+  least recently used evicted past a byte budget. The first caller of a schema compiles it in
+  its own thread; callers of the same schema meanwhile wait for that compile, callers of other
+  schemas do not wait at all (no lock is held while compiling). A schema that failed (invalid,
+  or past the deadline) is remembered too, so asking again is refused at once.
+- `CompilePool`: the compiles run in child processes (grammar_worker.py), because a C++
+  compile cannot be interrupted in-process: one past its deadline is killed with its process.
+  Idle workers are kept and reused (starting one imports xgrammar and torch: seconds); a
+  compile takes an idle worker or starts one, up to `max_workers` at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import xgrammar as xgr
+
+logger = logging.getLogger(__name__)
+
+_WORKER_SCRIPT = Path(__file__).with_name("grammar_worker.py")
+STARTUP_TIMEOUT_S = 120.0  # importing torch on a busy 2-core machine takes seconds, not minutes
+
+
+class CompileDeadlineError(ValueError):
+    """A schema whose compile ran past the deadline (its worker was killed)."""
+
+
+class CompileWorker:
+    """One child process that compiles schemas one at a time."""
+
+    def __init__(self, tokenizer_info_json: bytes) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        # -P: the script's folder (this package) is not put on sys.path; only xgrammar loads.
+        self._process = subprocess.Popen(
+            [sys.executable, "-P", str(_WORKER_SCRIPT)],
+            stdin=to_child_r,
+            stdout=from_child_w,
+            close_fds=True,
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._requests = Connection(to_child_w, readable=False)
+        self._replies = Connection(from_child_r, writable=False)
+        self._requests.send_bytes(tokenizer_info_json)
+        self._is_ready = False
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def compile(self, schema_text: str, timeout_s: float) -> str:
+        """The compiled grammar as xgrammar's JSON. ValueError when xgrammar refuses the schema
+        or the compile runs past `timeout_s` (the worker is then killed: do not reuse it)."""
+        self.wait_ready()
+        self._requests.send_bytes(schema_text.encode("utf-8", "surrogatepass"))
+        if not self._replies.poll(timeout_s):
+            self.kill()
+            raise CompileDeadlineError(
+                f"json_schema did not compile within the {timeout_s:g} s deadline "
+                "(grammar_compile_timeout_s); the compile was stopped: simplify the schema"
+            )
+        reply = self._recv()
+        if reply[:2] == b"er":
+            raise ValueError(f"invalid json_schema: {reply[2:].decode('utf-8', 'replace')}")
+        return reply[2:].decode()
+
+    def wait_ready(self) -> None:
+        """Block until the worker has loaded xgrammar (once; RuntimeError if it never does)."""
+        if self._is_ready:
+            return
+        if not self._replies.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(
+                f"the grammar compile worker did not start within {STARTUP_TIMEOUT_S:g} s"
+            )
+        assert self._recv() == b"ready"
+        self._is_ready = True
+
+    def _recv(self) -> bytes:
+        try:
+            return self._replies.recv_bytes()
+        except EOFError:
+            code = self._process.wait()
+            raise RuntimeError(f"the grammar compile worker died (exit code {code})") from None
+
+    def kill(self) -> None:
+        self._process.kill()
+        self._process.wait()
+        self.close()
+
+    def close(self) -> None:
+        """Close its pipes; an idle worker then exits by itself."""
+        self._requests.close()
+        self._replies.close()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+class CompilePool:
+    """Compile workers handed out one per compile; at most `max_workers` exist at once."""
+
+    def __init__(self, tokenizer_info_json: bytes, max_workers: int, timeout_s: float) -> None:
+        self._tokenizer_info_json = tokenizer_info_json
+        self.max_workers = max_workers
+        self.timeout_s = timeout_s
+        self._idle: list[CompileWorker] = []
+        self._num_workers = 0
+        self._closed = False
+        self._lock = threading.Condition()
+
+    def compile(self, schema_text: str) -> str:
+        """The compiled grammar as xgrammar's JSON (see CompileWorker.compile)."""
+        worker = self._take()
+        try:
+            result = worker.compile(schema_text, self.timeout_s)
+        except CompileDeadlineError:
+            self._give_back(None)  # killed
+            raise
+        except ValueError:
+            self._give_back(worker)  # xgrammar refused the schema: the worker is fine
+            raise
+        except BaseException:
+            worker.kill()
+            self._give_back(None)
+            raise
+        self._give_back(worker)
+        return result
+
+    def start(self, num_workers: int) -> None:
+        """Start workers until `num_workers` exist (at most max_workers) and wait until they are
+        ready, so the next compiles do not wait for a worker to load."""
+        started = []
+        while len(started) < num_workers and self._num_workers < self.max_workers:
+            started.append(self._take())
+        for worker in started:
+            worker.wait_ready()
+        for worker in started:
+            self._give_back(worker)
+
+    def _take(self) -> CompileWorker:
+        deadline = time.monotonic() + self.timeout_s
+        with self._lock:
+            while not self._idle and self._num_workers >= self.max_workers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(
+                        f"all {self.max_workers} grammar compile workers stayed busy for "
+                        f"{self.timeout_s:g} s; retry (or raise grammar_compile_workers)"
+                    )
+                self._lock.wait(left)
+            if self._closed:
+                raise RuntimeError("engine is shut down")
+            if self._idle:
+                return self._idle.pop()
+            self._num_workers += 1
+        try:
+            return CompileWorker(self._tokenizer_info_json)
+        except BaseException:
+            with self._lock:
+                self._num_workers -= 1
+                self._lock.notify()
+            raise
+
+    def _give_back(self, worker: CompileWorker | None) -> None:
+        """Keep a worker idle for the next compile; None (it was killed) frees its seat."""
+        with self._lock:
+            if worker is not None and not self._closed:
+                self._idle.append(worker)
+                worker = None
+            else:
+                self._num_workers -= 1
+            self._lock.notify()
+        if worker is not None:  # the pool closed while it compiled
+            worker.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._num_workers -= len(idle)
+            self._lock.notify_all()
+        for worker in idle:
+            worker.close()
+
+
+class GrammarCache:
+    """Compiled grammars (and refusals) by schema hash, LRU past `max_bytes`."""
+
+    def __init__(self, compile_fn: Callable[[str], xgr.CompiledGrammar], max_bytes: int) -> None:
+        self._compile_fn = compile_fn
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, tuple[xgr.CompiledGrammar | ValueError, int]] = (
+            OrderedDict()
+        )
+        self._num_bytes = 0
+        self._pending: dict[bytes, Future] = {}
+        self._lock = threading.Lock()  # guards the dicts only; never held while compiling
+        self.num_compiles = 0
+        self.num_hits = 0
+
+    def get(self, schema_text: str) -> xgr.CompiledGrammar:
+        """The schema's compiled grammar, compiled now if no one has; ValueError for a schema
+        that does not compile (the same error each time it is asked for)."""
+        key = hashlib.sha256(schema_text.encode("utf-8", "surrogatepass")).digest()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.num_hits += 1
+                return _unwrap(entry[0])
+            pending = self._pending.get(key)
+            is_owner = pending is None
+            if is_owner:
+                pending = self._pending[key] = Future()
+                self.num_compiles += 1
+        if not is_owner:
+            return pending.result()  # the owner's compile is bounded by its deadline
+        try:
+            compiled = self._compile_fn(schema_text)
+        except ValueError as exc:
+            self._finish(key, pending, exc, len(str(exc)))
+            raise
+        except BaseException as exc:  # not the schema's fault (shut down, worker died): retry
+            with self._lock:
+                del self._pending[key]
+            pending.set_exception(exc)
+            raise
+        self._finish(key, pending, compiled, compiled.memory_size_bytes)
+        return compiled
+
+    def _finish(self, key: bytes, pending: Future, value, num_bytes: int) -> None:
+        with self._lock:
+            del self._pending[key]
+            self._entries[key] = (value, num_bytes)
+            self._num_bytes += num_bytes
+            while self._num_bytes > self.max_bytes and len(self._entries) > 1:
+                _, (_, evicted_bytes) = self._entries.popitem(last=False)
+                self._num_bytes -= evicted_bytes
+        if isinstance(value, ValueError):
+            pending.set_exception(value)
+        else:
+            pending.set_result(value)
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+    @property
+    def num_compiling(self) -> int:
+        """Schemas being compiled right now."""
+        with self._lock:
+            return len(self._pending)
+
+
+def _unwrap(value: xgr.CompiledGrammar | ValueError) -> xgr.CompiledGrammar:
+    if isinstance(value, ValueError):
+        raise ValueError(str(value))
+    return value

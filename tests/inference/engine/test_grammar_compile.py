@@ -1,0 +1,96 @@
+"""Grammar compilation: off the engine's lock, once per schema, killed past its deadline."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from inference.engine import SamplingParams
+
+TRIVIAL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def _slow_schema(tag: str) -> dict:
+    """Within every SchemaLimits default, yet seconds to compile: each property's nested
+    bounded repetition (10 × 10 of a class that matches much of the vocabulary) takes xgrammar
+    ~2.7 s on the 2-core machine; the tag makes each test's schema its own."""
+    pattern = "^([a-z]{1,10}){1,10}$"
+    properties = {f"{tag}{i}": {"type": "string", "pattern": pattern} for i in range(2)}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def test_a_slow_schema_does_not_delay_another_callers_trivial_one(make_tiny_engine):
+    engine = make_tiny_engine(grammar_compile_workers=2)
+    engine.structured.start_workers(2)  # both ready: the test measures compiling, not startup
+    finished: list[str] = []
+
+    def slow() -> None:
+        engine.generate("hi", SamplingParams(max_tokens=4, json_schema=_slow_schema("slow")))
+        finished.append("slow")
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while engine.structured.cache.num_compiling == 0:  # the slow compile has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (output,) = engine.generate("hi", SamplingParams(max_tokens=16, json_schema=TRIVIAL))
+    finished.append("trivial")
+    # The trivial request was compiled, scheduled and finished while the slow one compiled.
+    assert engine.structured.cache.num_compiling == 1
+    thread.join(timeout=120)
+    assert finished == ["trivial", "slow"]
+    assert "n" in json.loads(output.text)
+
+
+def test_the_compile_deadline_kills_a_compile_that_runs_past_it(make_tiny_engine):
+    engine = make_tiny_engine(grammar_compile_timeout_s=0.5, grammar_compile_workers=1)
+    engine.structured.start_workers(1)
+    schema = _slow_schema("late")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"did not compile within the 0\.5 s deadline"):
+        engine.generate("hi", SamplingParams(max_tokens=4, json_schema=schema))
+    assert time.perf_counter() - started < 5.0  # killed at 0.5 s, not compiled to the end
+    # Asked again, it is refused at once (the refusal is cached), and the pool's one seat is
+    # free again: a trivial schema compiles on a fresh worker.
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="deadline"):
+        engine.generate("hi", SamplingParams(max_tokens=4, json_schema=schema))
+    assert time.perf_counter() - started < 0.5
+    (output,) = engine.generate("hi", SamplingParams(max_tokens=16, json_schema=TRIVIAL))
+    assert "n" in json.loads(output.text)
+    assert engine.structured.cache.num_compiles == 2
+
+
+def test_the_same_schema_compiles_once_even_when_asked_for_at_once(make_tiny_engine):
+    engine = make_tiny_engine(grammar_compile_workers=2)
+    words = {"word": {"enum": ["melon", "pan", "anpan"]}}
+    schema = {"type": "object", "properties": words, "required": ["word"]}
+    outputs = []
+    threads = [
+        threading.Thread(
+            target=lambda: outputs.extend(
+                engine.generate("hi", SamplingParams(max_tokens=12, json_schema=schema))
+            )
+        )
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    engine.generate("hi", SamplingParams(max_tokens=12, json_schema=json.dumps(schema)))
+    cache = engine.structured.cache
+    assert (cache.num_compiles, cache.num_hits) == (1, 1)  # the 2 concurrent ones waited
+    assert len(outputs) == 3 and all(json.loads(o.text)["word"] for o in outputs)
+
+
+def test_an_invalid_schema_is_a_clear_error_and_the_worker_stays(make_tiny_engine):
+    engine = make_tiny_engine(grammar_compile_workers=1)
+    with pytest.raises(ValueError, match="invalid json_schema"):
+        engine.generate("hi", SamplingParams(max_tokens=4, json_schema={"type": "objekt"}))
+    (output,) = engine.generate("hi", SamplingParams(max_tokens=16, json_schema=TRIVIAL))
+    assert "n" in json.loads(output.text)
