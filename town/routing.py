@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from django.urls import path
 
+from town import converters
 from town.consumers import RunConsumer
 
+converters.register()
+
 websocket_urlpatterns = [
-    path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),
+    path("ws/runs/<id:run_id>/", RunConsumer.as_asgi()),
 ]

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from inference.task_queue import TaskQueueUnavailable
 from town import services
 from town.models import Decision, Run, Tick
 from town.selectors import runs_due, tick_decisions
@@ -70,6 +71,15 @@ def _timed_out(decision: Decision, timeout_s: float) -> bool:
     return (timezone.now() - decision.dispatched_at).total_seconds() > timeout_s
 
 
+def _queue_down_logged(service: Callable[..., object], *, decision, send: DecisionSend) -> None:
+    """Send through `service`; with the task queue down, log it and let the next pass retry
+    (dispatch leaves the decision pending, a resend leaves it due)."""
+    try:
+        service(decision=decision, send=send)
+    except TaskQueueUnavailable as exc:
+        logger.warning("decision %s not sent: %s", decision.pk, exc)
+
+
 def _tick_decide(
     *,
     run: Run,
@@ -89,10 +99,10 @@ def _tick_decide(
                 logger.warning("decision %s timed out on node %s", decision.pk, decision.node)
                 services.decision_time_out(decision=decision)
             elif services.decision_resend_due(decision=decision, resend_s=resend_s):
-                services.decision_resend(decision=decision, send=send)
+                _queue_down_logged(services.decision_resend, decision=decision, send=send)
         waiting = [d for d in decisions if d.status == D.PENDING]
         for decision in waiting[: max(0, run.concurrency - len(in_flight))]:
-            services.decision_dispatch(decision=decision, send=send)
+            _queue_down_logged(services.decision_dispatch, decision=decision, send=send)
         num_answered = sum(1 for d in decisions if d.status in ANSWERED)
         if progress is not None and num_answered > num_answered_seen:
             progress(num_answered - num_answered_seen)

@@ -19,6 +19,7 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from inference.nodes import node_queue
+from inference.task_queue import task_send
 from town.services import decision_compute as decision_compute_service
 from town.services import decision_fail
 
@@ -60,4 +61,4 @@ def decision_compute(self, decision_id: int, send: int = 1) -> bool:
 def decision_send(decision_id: int, node: str, send: int) -> None:
     """Put a decision on its node's queue (the DecisionSend the tick loop uses); `send` says
     which send of it this is (services/decisions.py: decision_resend)."""
-    decision_compute.apply_async(args=[decision_id, send], queue=node_queue(node))
+    task_send(decision_compute, args=[decision_id, send], queue=node_queue(node))

@@ -5,6 +5,8 @@ expect (`usage.prompt_tokens_details.cached_tokens` included).
 
 from __future__ import annotations
 
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -13,6 +15,9 @@ from typing import Any
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "audio")
 DEFAULT_MAX_TOKENS = 512
+# Above any served model's context; the engine caps max_tokens at what the context leaves after
+# the prompt (the answer then ends with finish_reason "length"), as vLLM does.
+MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 4
 
 
@@ -51,7 +56,39 @@ class ChatRequest:
     generate: dict[str, Any] = field(default_factory=dict)  # completion_generate's arguments
 
 
+def body_parse(raw: bytes) -> Any:
+    """The request body as JSON; OpenAIError for what is not JSON or what no client means: NaN
+    and ±Infinity (Python's json takes them), and nesting too deep to parse."""
+
+    def refuse_constant(name: str) -> None:
+        raise OpenAIError(f"the request body is not valid JSON: {name} is not a JSON number")
+
+    try:
+        return json.loads(raw or b"null", parse_constant=refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise OpenAIError("the request body is nested too deeply to parse") from None
+
+
+def _text(value: str, param: str) -> str:
+    """Text the tokenizer can take: a lone surrogate (\\ud800) is no character."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OpenAIError(
+            f"{param} contains a lone surrogate ({value[exc.start]!r} at {exc.start}): "
+            "not valid Unicode text",
+            param=param,
+        ) from None
+    return value
+
+
 def _content_text(content: Any, index: int) -> str:
+    return _text(_content_parts(content, index), f"messages[{index}].content")
+
+
+def _content_parts(content: Any, index: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -94,8 +131,8 @@ def _number(body: dict, name: str, default: float, low: float, high: float, *, o
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise OpenAIError(f"{name} must be a number, got {value!r}", param=name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise OpenAIError(f"{name} must be a finite number, got {value!r}", param=name)
     if value < low or value > high or (open_low and value == low):
         bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
         raise OpenAIError(f"{name} must be within {bounds}, got {value!r}", param=name)
@@ -109,8 +146,13 @@ def _max_tokens(body: dict) -> int:
     value = body.get(name)
     if value is None:
         return DEFAULT_MAX_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OpenAIError(f"{name} must be a whole number ≥ 1, got {value!r}", param=name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS_LIMIT:
+        shown = value if not isinstance(value, int) or value < 10**12 else f"{str(value)[:12]}…"
+        raise OpenAIError(
+            f"{name} must be a whole number from 1 to {MAX_TOKENS_LIMIT} (the answer is cut at "
+            f"what the model's context leaves after the prompt), got {shown!r}",
+            param=name,
+        )
     return value
 
 
@@ -127,7 +169,7 @@ def _stop(raw: Any) -> list[str] | None:
             f"stop must be a non-empty string or a list of 1 to {MAX_STOP_STRINGS} of them",
             param="stop",
         )
-    return stops
+    return [_text(s, "stop") for s in stops]
 
 
 def _json_schema(raw: Any) -> dict[str, Any] | None:
@@ -174,8 +216,10 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
     if body.get("n") not in (None, 1):
         raise OpenAIError(f"n must be 1 (one choice per request), got {body['n']!r}", param="n")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise OpenAIError(f"seed must be a whole number, got {seed!r}", param="seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+    ):
+        raise OpenAIError(f"seed must be a whole number in [0, 2^63), got {seed!r}", param="seed")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise OpenAIError(f"stream must be true or false, got {stream!r}", param="stream")
@@ -187,6 +231,8 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
             "their salts are equal, as in vLLM)",
             param="cache_salt",
         )
+    if cache_salt is not None:
+        _text(cache_salt, "cache_salt")
     node = body.get("node")
     if node is not None and not isinstance(node, str):
         raise OpenAIError("node must be the name of an inference node", param="node")

@@ -25,9 +25,11 @@ from django.views.decorators.csrf import csrf_exempt
 from inference.completion_streams import StreamTimeout, completion_stream_key, stream_events
 from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
+from inference.openai_api.guards import same_site_json
 from inference.openai_api.protocol import (
     ChatRequest,
     OpenAIError,
+    body_parse,
     chat_completion_body,
     chat_request_parse,
     chunk,
@@ -35,6 +37,7 @@ from inference.openai_api.protocol import (
     usage,
 )
 from inference.services import completion_model
+from inference.task_queue import TaskQueueUnavailable, task_send
 
 POLL_S = 0.05
 KEEPALIVE_S = 5.0
@@ -58,9 +61,12 @@ def _send(request: ChatRequest, *, stream_key: str | None) -> tuple[str, Any]:
         raise OpenAIError(str(exc), param="node") from exc
     timeout_s = settings.OPENAI_API_TIMEOUT_S
     # expires: a node that comes up after the client gave up drops the request.
-    result = chat_completion.apply_async(
-        args=[request.generate, stream_key], queue=queue, expires=timeout_s
-    )
+    try:
+        result = task_send(
+            chat_completion, args=[request.generate, stream_key], queue=queue, expires=timeout_s
+        )
+    except TaskQueueUnavailable as exc:
+        raise OpenAIError(str(exc), status=503, type_="server_error", code="queue_down") from exc
     return node, result
 
 
@@ -149,15 +155,13 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
     yield "data: [DONE]\n\n"
 
 
-@csrf_exempt
+@csrf_exempt  # a JSON API for machine clients; what a browser could forge: same_site_json
+@same_site_json
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(OpenAIError("use POST", status=405, type_="invalid_request_error"))
     try:
-        try:
-            body = json.loads(request.body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise OpenAIError(f"the request body is not valid JSON: {exc}") from exc
+        body = body_parse(request.body)
         chat = chat_request_parse(body, served_model=_served_model())
         id_ = completion_id()
         stream_key = completion_stream_key(id_) if chat.stream else None

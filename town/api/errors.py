@@ -1,5 +1,6 @@
 """How the API answers errors: unknown ids 404, bad input 400 with field messages, a run in the
-wrong state 409. The town's own errors become those answers here, so views just call services.
+wrong state 409, the task queue down 503. The town's own errors become those answers here, so
+views just call services.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from inference.task_queue import TaskQueueUnavailable
+from town.api.fields import ID_MAX
 from town.errors import RunStateError, TownError
 
 
@@ -19,6 +22,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, TownError):
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, TaskQueueUnavailable):
+        return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
     return drf_exception_handler(exc, context)
 
 
@@ -35,9 +40,12 @@ def int_param(params: Any, name: str) -> int | None:
     if raw in (None, ""):
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValidationError({name: [f"must be a whole number (an id), got {raw!r}"]}) from None
+    if not 1 <= value <= ID_MAX:
+        raise ValidationError({name: [f"must be an id between 1 and {ID_MAX}, got {raw[:40]}"]})
+    return value
 
 
 def bool_param(params: Any, name: str) -> bool | None:

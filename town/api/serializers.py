@@ -8,6 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from town.api.fields import DatabaseIntegerField, FiniteFloatField, IdField
 from town.models import (
     DECISION_METRIC_FIELDS,
     Decision,
@@ -20,6 +21,13 @@ from town.models import (
 )
 from town.prompts import LAYOUTS
 from town.selectors import run_summary
+
+# Bounds on a run's settings: far above any sensible run, far below what breaks something.
+MAX_CONCURRENCY = 256  # decisions in flight
+MAX_TICKS = 1_000_000
+MAX_RETENTION_INTERVAL = 1 << 20  # tokens; beyond any model's context
+MINUTES_PER_DAY = 24 * 60
+MAX_DECISION_TIMEOUT_S = 24 * 3600.0
 
 
 class TownSerializer(serializers.HyperlinkedModelSerializer):
@@ -145,21 +153,33 @@ class RunSerializer(serializers.HyperlinkedModelSerializer):
 
 
 class RunCreateSerializer(serializers.Serializer):
-    """The body of POST /api/runs/: what run_create takes."""
+    """The body of POST /api/runs/: what run_create takes. Every number is bounded (README,
+    "Security"): past the database's range or a sane setting it is a 400 naming the field."""
 
-    town = serializers.PrimaryKeyRelatedField(queryset=Town.objects.all())
+    town = IdField(queryset=Town.objects.all())
     layout = serializers.ChoiceField(choices=list(LAYOUTS), default=Run.Layout.SHARED_HEAD)
     nodes = serializers.ListField(
-        child=serializers.CharField(), required=False, help_text="Default: every node."
+        child=serializers.CharField(max_length=100),
+        required=False,
+        max_length=64,
+        help_text="Default: every node.",
     )
-    concurrency = serializers.IntegerField(min_value=1, default=4)
-    seed = serializers.IntegerField(default=0)
-    ticks_target = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    retention_interval = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=0.0)
-    minutes_per_tick = serializers.IntegerField(min_value=1, default=120)
-    decision_timeout_s = serializers.FloatField(min_value=0.001, required=False)
-    model = serializers.CharField(required=False, help_text="Must be the model the nodes serve.")
+    concurrency = DatabaseIntegerField(min_value=1, max_value=MAX_CONCURRENCY, default=4)
+    seed = DatabaseIntegerField(default=0)
+    ticks_target = DatabaseIntegerField(
+        min_value=1, max_value=MAX_TICKS, required=False, allow_null=True
+    )
+    retention_interval = DatabaseIntegerField(
+        min_value=1, max_value=MAX_RETENTION_INTERVAL, required=False, allow_null=True
+    )
+    temperature = FiniteFloatField(min_value=0.0, max_value=2.0, default=0.0)
+    minutes_per_tick = DatabaseIntegerField(min_value=1, max_value=MINUTES_PER_DAY, default=120)
+    decision_timeout_s = FiniteFloatField(
+        min_value=0.001, max_value=MAX_DECISION_TIMEOUT_S, required=False
+    )
+    model = serializers.CharField(
+        required=False, max_length=200, help_text="Must be the model the nodes serve."
+    )
     start = serializers.BooleanField(default=False, help_text="Start the run at once.")
 
 
@@ -247,8 +267,8 @@ class DecisionDetailSerializer(DecisionSerializer):
 class DecisionRequestSerializer(serializers.Serializer):
     """The body of POST /api/decisions/: whose decision, in which run."""
 
-    run = serializers.PrimaryKeyRelatedField(queryset=Run.objects.all())
-    resident = serializers.PrimaryKeyRelatedField(queryset=Resident.objects.all())
+    run = IdField(queryset=Run.objects.all())
+    resident = IdField(queryset=Resident.objects.all())
 
 
 class DecisionAcceptedSerializer(serializers.Serializer):

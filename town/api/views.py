@@ -12,6 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticatedOrReadOnly
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -19,6 +20,8 @@ from rest_framework.reverse import reverse
 
 from town import services
 from town.api.errors import TownApiErrorsMixin, bool_param, choice_param, int_param
+from town.api.fields import ID_REGEX
+from town.api.parsers import BoundedJSONParser
 from town.api.serializers import (
     DecisionAcceptedSerializer,
     DecisionDetailSerializer,
@@ -54,8 +57,9 @@ class _Base(TownApiErrorsMixin, viewsets.GenericViewSet):
     (a Django login, a Cloudflare Access identity)."""
 
     pagination_class = Pagination
+    parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
     permission_classes = [IsAuthenticatedOrReadOnly]
-    lookup_value_regex = r"\d+"
+    lookup_value_regex = ID_REGEX  # a longer number is no id: 404, not an overflow
 
 
 class TownViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, completion_generate
+from inference.task_queue import TaskQueueUnavailable
 from town import events
 from town.actions import action_problem
 from town.effects import Note, action_apply
@@ -51,15 +52,23 @@ def _send_on_commit(decision: Decision, send: DecisionSend) -> None:
 
 def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
     """Mark the decision queued (the resident is thinking: an event says so) and send it once
-    the transaction commits."""
-    with transaction.atomic():
-        decision.status = D.QUEUED
-        decision.dispatched_at = timezone.now()
-        decision.num_sends = 1
-        decision.save(update_fields=["status", "dispatched_at", "num_sends"])
-        # Registered before the event's broadcast, so the view never delays the decision.
-        _send_on_commit(decision, send)
-        events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
+    the transaction commits. When the task queue is down (TaskQueueUnavailable, raised), the
+    decision is pending again, never left queued with no message: a later dispatch sends it."""
+    try:
+        with transaction.atomic():
+            decision.status = D.QUEUED
+            decision.dispatched_at = timezone.now()
+            decision.num_sends = 1
+            decision.save(update_fields=["status", "dispatched_at", "num_sends"])
+            # Registered before the event's broadcast, so the view never delays the decision.
+            _send_on_commit(decision, send)
+            events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
+    except TaskQueueUnavailable:
+        Decision.objects.filter(pk=decision.pk, status=D.QUEUED, num_sends=1).update(
+            status=D.PENDING, dispatched_at=None, num_sends=0
+        )
+        decision.status, decision.dispatched_at, decision.num_sends = D.PENDING, None, 0
+        raise
     return decision
 
 
