@@ -6,6 +6,7 @@ Pure Python + torch (+ xgrammar, gguf, tokenizers); never imports Django-side co
 from inference.engine.config import EngineConfig
 from inference.engine.llm_engine import LLMEngine, RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "EngineStats",
     "LLMEngine",
     "RequestAbortedError",
+    "RequestError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

@@ -31,6 +31,7 @@ from inference.engine.model_runner import ModelRunner, layer_types_of
 from inference.engine.models import load_model
 from inference.engine.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.structured_output import StructuredOutputManager
@@ -414,8 +415,17 @@ class LLMEngine:
                     self._fail_all(exc)
                 continue
             for request in finished:
-                future = self._futures.pop(request.request_id)
+                self._deliver(request, self._futures.pop(request.request_id))
+
+    def _deliver(self, request: Request, future: Future) -> None:
+        """A finished request's output to its caller, or the error that failed it alone."""
+        if request.error is None:
+            try:
                 future.set_result(self._output(request))
+                return
+            except Exception as exc:  # detokenizing this request's tokens
+                request.error = _request_error(request, exc)
+        future.set_exception(request.error)
 
     def step(self) -> list[Request]:
         """One engine step: schedule, run, postprocess. Returns the requests that finished."""
@@ -423,12 +433,30 @@ class LLMEngine:
             scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        sampled = self.runner.execute(scheduler_output)
+        try:
+            sampled = self.runner.execute(scheduler_output)
+        except Exception as exc:  # the model itself: no one request to blame
+            logger.exception("engine step failed; failing the requests it ran")
+            with self._lock:
+                return self._fail_scheduled(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
             return self._postprocess(scheduler_output, sampled)
 
-    def _postprocess(self, scheduler_output, sampled: dict[str, int]) -> list[Request]:
+    def _fail_scheduled(self, scheduler_output, exc: Exception) -> list[Request]:
+        """Finish the step's requests with its error; requests that only waited go on."""
+        failed = []
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            request.error = RequestError(
+                f"the engine step running request {request.request_id} failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            failed.append(request)
+        return failed
+
+    def _postprocess(self, scheduler_output, sampled: dict[str, int | RequestError]):
         finished = []
         now = time.monotonic()
         for scheduled in scheduler_output.scheduled:
@@ -437,16 +465,29 @@ class LLMEngine:
             token = sampled.get(request.request_id)
             if token is None:
                 continue
-            request.append_output_token(token, now)
-            if request.grammar is not None:
-                request.grammar.accept(token)
-            status = self._check_stop(request, token)
-            if status is None and request.grammar is not None and self.config.enable_jump_forward:
-                status = self._jump_forward(request, now)
+            try:
+                status = self._advance(request, token, now)
+            except Exception as exc:  # this request's grammar, stop check or a bug on its path
+                logger.exception("request %s failed; the others go on", request.request_id)
+                request.error = _request_error(request, exc)
+                status = RequestStatus.FINISHED_ABORTED
             if status is not None:
                 self.scheduler.finish(request, status)
                 finished.append(request)
         return finished
+
+    def _advance(self, request: Request, token: int | RequestError, now: float):
+        """Append a sampled token (and what the grammar forces after it); the status to finish
+        with, or None while the request goes on."""
+        if isinstance(token, RequestError):
+            raise token
+        request.append_output_token(token, now)
+        if request.grammar is not None:
+            request.grammar.accept(token)
+        status = self._check_stop(request, token)
+        if status is None and request.grammar is not None and self.config.enable_jump_forward:
+            status = self._jump_forward(request, now)
+        return status
 
     def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
         """Append the tokens the grammar forces now; the next step computes their K/V together
@@ -503,6 +544,14 @@ class LLMEngine:
         for _, future in self._inbox:
             future.set_exception(exc)
         self._inbox.clear()
+
+
+def _request_error(request: Request, exc: Exception) -> RequestError:
+    if isinstance(exc, RequestError):
+        return RequestError(f"request {request.request_id} failed in the engine: {exc}")
+    return RequestError(
+        f"request {request.request_id} failed in the engine: {type(exc).__name__}: {exc}"
+    )
 
 
 def _left(deadline: float | None) -> float | None:

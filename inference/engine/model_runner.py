@@ -23,6 +23,7 @@ from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metada
 from inference.engine.models import LoadedModel
 from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request
+from inference.engine.request_errors import RequestError
 from inference.engine.sampler import sample
 from inference.engine.scheduler import SchedulerOutput
 from inference.engine.structured_output import StructuredOutputManager
@@ -90,8 +91,9 @@ class ModelRunner:
                     k_cache.index_copy_(0, dst_index, k_cache.index_select(0, src_index))
                     v_cache.index_copy_(0, dst_index, v_cache.index_select(0, src_index))
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns the sampled token of every request whose prompt is done."""
+    def execute(self, output: SchedulerOutput) -> dict[str, int | RequestError]:
+        """Run one step; returns the sampled token of every request whose prompt is done (or
+        the RequestError of one whose sampling or grammar failed)."""
         if self.device.type == "cuda":
             # Per thread: triton launches on the current device, and this is the loop thread.
             torch.cuda.set_device(self.device)
@@ -158,10 +160,12 @@ class ModelRunner:
         if not sampling:
             return {}
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
-        self.structured.apply(logits, [r.grammar for r in sampling])
+        failed = self.structured.apply(logits, [r.grammar for r in sampling])
         tokens = sample(
             logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
         )
+        for row, error in failed.items():
+            tokens[row] = error
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
 
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:

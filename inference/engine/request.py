@@ -63,6 +63,9 @@ class Request:
     # What the reuse point came from: none | block_chain | breakpoint | junction | pinned
     reuse_source: str = "none"
     output_text: str = ""
+    # Set when this request alone failed in the engine (sampling, its grammar, detokenizing, a
+    # stop check): it is finished and its caller gets this error; the others go on.
+    error: BaseException | None = None
     # Called on the engine's loop thread with each sampled token (streaming): must be quick.
     on_token: Callable[[int], None] | None = None
 

@@ -1,9 +1,14 @@
-"""Sampling the next token from logits: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Sampling the next token from logits: greedy, temperature, top-k, top-p, per-request seeds.
+
+A row that cannot be sampled (torch.multinomial refuses NaN or all-zero probabilities) gives a
+RequestError for that request alone instead of a token; the other rows are sampled as usual.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
 
 
@@ -11,14 +16,17 @@ def sample(
     logits: torch.Tensor,  # (N, vocab), already masked by any grammar
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-) -> list[int]:
+) -> list[int | RequestError]:
     greedy = logits.argmax(dim=-1).tolist()
-    tokens = []
+    tokens: list[int | RequestError] = []
     for row, (p, generator) in enumerate(zip(params, generators, strict=True)):
         if p.is_greedy:
             tokens.append(greedy[row])
-        else:
+            continue
+        try:
             tokens.append(_sample_row(logits[row], p, generator))
+        except Exception as exc:  # this row's numbers, not the batch's
+            tokens.append(RequestError(f"sampling failed: {type(exc).__name__}: {exc}"))
     return tokens
 
 

@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+# A temperature below this samples greedily (dividing logits by 1e-300 gives ±inf and NaN).
+GREEDY_BELOW = 1e-5
+
+
+def _finite(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _whole(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
 
 
 @dataclass(slots=True)
@@ -24,14 +38,20 @@ class SamplingParams:
     stop_list: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        _whole("max_tokens", self.max_tokens)
+        if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer ≥ 1, got {self.max_tokens!r}")
+        _finite("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}")
+        _finite("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _whole("top_k", self.top_k)
         if self.top_k < 0:
             raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
+        if self.seed is not None:
+            _whole("seed", self.seed)
         if isinstance(self.stop, str):
             self.stop_list = [self.stop]
         elif self.stop is None:
@@ -55,7 +75,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Below GREEDY_BELOW the logits would be divided into overflow: argmax is what such a
+        temperature means."""
+        return self.temperature < GREEDY_BELOW
 
     def json_schema_text(self) -> str | None:
         if self.json_schema is None:

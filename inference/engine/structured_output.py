@@ -17,6 +17,7 @@ import torch
 import xgrammar as xgr
 
 from inference.engine.grammar_compiler import CompilePool, GrammarCache
+from inference.engine.request_errors import RequestError
 from inference.engine.schema_limits import SchemaLimits, check_schema
 from inference.engine.tokenizer import Tokenizer
 
@@ -98,16 +99,26 @@ class StructuredOutputManager:
         """Stop the compile workers (the engine shuts down)."""
         self._pool.close()
 
-    def apply(self, logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:
-        """Mask logits rows (N, vocab) in place for the rows that have a grammar."""
+    def apply(
+        self, logits: torch.Tensor, grammars: list[GrammarState | None]
+    ) -> dict[int, RequestError]:
+        """Mask logits rows (N, vocab) in place for the rows that have a grammar. Returns the
+        rows whose grammar failed (those rows are left unmasked: their request is failed)."""
         rows = [i for i, grammar in enumerate(grammars) if grammar is not None]
         if not rows:
-            return
+            return {}
         if self._bitmask.shape[0] < len(grammars):
             self._bitmask = xgr.allocate_token_bitmask(len(grammars), self.vocab_size)
         bitmask = self._bitmask[: len(grammars)]
+        failed: dict[int, RequestError] = {}
         for row in rows:
-            grammars[row].fill_bitmask(bitmask, row)
-        xgr.apply_token_bitmask_inplace(
-            logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows
-        )
+            try:
+                grammars[row].fill_bitmask(bitmask, row)
+            except Exception as exc:
+                failed[row] = RequestError(f"its grammar failed: {type(exc).__name__}: {exc}")
+        rows = [row for row in rows if row not in failed]
+        if rows:
+            xgr.apply_token_bitmask_inplace(
+                logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows
+            )
+        return failed
