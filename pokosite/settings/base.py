@@ -298,6 +298,9 @@ SPECTACULAR_SETTINGS = {
 # Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.
 # Watching runs needs a logged-in user (town/access.py); production without Access turns it on.
 TOWN_VIEW_LOGIN_REQUIRED = env_bool("POKOMACHI_TOWN_VIEW_LOGIN_REQUIRED", False)
+# Access service tokens (client ids) that may control runs through the API (town/access.py);
+# any other service token only reads.
+CONTROL_SERVICE_TOKENS = env_list("POKOMACHI_CONTROL_SERVICE_TOKENS", [])
 # Set by production without Access: every path but /healthz and the login page needs a login.
 LOGIN_REQUIRED_WITHOUT_ACCESS = False
 CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")  # myteam.cloudflareaccess.com

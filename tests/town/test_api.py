@@ -22,9 +22,10 @@ D = Decision.Status
 
 @pytest.fixture
 def api(django_user_model) -> APIClient:
-    """A client logged in as a plain user (writes need one; reads do not)."""
+    """A client logged in as staff (writes need it, as the run pages' controls; reads do not:
+    tests/town/test_api_permissions.py)."""
     client = APIClient()
-    user, _ = django_user_model.objects.get_or_create(username="api-user")
+    user, _ = django_user_model.objects.get_or_create(username="api-user", is_staff=True)
     client.force_authenticate(user=user)
     return client
 

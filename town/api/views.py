@@ -13,7 +13,6 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import FormParser, MultiPartParser
-from rest_framework.permissions import IsAuthenticatedOrReadOnly
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -22,6 +21,7 @@ from town import services
 from town.api.errors import TownApiErrorsMixin, bool_param, choice_param, int_param
 from town.api.fields import ID_REGEX
 from town.api.parsers import BoundedJSONParser
+from town.api.permissions import RunPolicy
 from town.api.serializers import (
     DecisionAcceptedSerializer,
     DecisionDetailSerializer,
@@ -53,12 +53,12 @@ def _id_param(name: str, what: str) -> OpenApiParameter:
 
 
 class _Base(TownApiErrorsMixin, viewsets.GenericViewSet):
-    """Anyone who reaches the site reads; changing a run or asking for a decision needs a user
-    (a Django login, a Cloudflare Access identity)."""
+    """Reading as watching a run; changing a run or asking for a decision as the run pages'
+    controls (town/api/permissions.py)."""
 
     pagination_class = Pagination
     parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
-    permission_classes = [IsAuthenticatedOrReadOnly]
+    permission_classes = [RunPolicy]
     lookup_value_regex = ID_REGEX  # a longer number is no id: 404, not an overflow
 
 
