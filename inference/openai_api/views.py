@@ -22,6 +22,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.cache_salt import request_identity, v1_cache_salt
 from inference.completion_streams import StreamTimeout, completion_stream_key, stream_events
 from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
@@ -163,6 +164,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         body = body_parse(request.body)
         chat = chat_request_parse(body, served_model=_served_model())
+        chat.generate["cache_salt"] = v1_cache_salt(
+            identity=await request_identity(request), client_salt=chat.generate["cache_salt"]
+        )
         id_ = completion_id()
         stream_key = completion_stream_key(id_) if chat.stream else None
         node, result = await sync_to_async(_send, thread_sensitive=False)(

@@ -1,9 +1,11 @@
-"""Production without Cloudflare Access (POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS=true): nothing is
+"""Who a request is when Cloudflare Access is off: a DRF token in the Authorization header
+(`Bearer <key>` or `Token <key>`) is its user. And production without Access
+(POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS=true): nothing is
 open but the health check and the login page. Pages redirect to the admin login; /v1 answers 401
 in OpenAI's shape, /api/ in DRF's, /metrics in plain text. Machine clients send a DRF token
 (`manage.py drf_create_token <user>`) as `Authorization: Bearer <key>` or `Token <key>`.
 
-Off (passes everything through) when LOGIN_REQUIRED_WITHOUT_ACCESS is False or Access is on: then
+Refuses nothing when LOGIN_REQUIRED_WITHOUT_ACCESS is False; does nothing when Access is on: then
 the Access middleware before this one has already refused every request without a valid token.
 """
 
@@ -58,16 +60,19 @@ class LoginRequiredMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not getattr(settings, "LOGIN_REQUIRED_WITHOUT_ACCESS", False):
-            return self.get_response(request)
         if access_config() is not None:
+            return self.get_response(request)  # the Access middleware decided who this is
+        if "Authorization" in request.headers and not request.user.is_authenticated:
+            # A machine client's DRF token (the OpenAI clients' api_key): its own identity for
+            # the API and for /v1's cache salt (inference/cache_salt.py).
+            user = header_token_user(request)
+            if user is not None:
+                request.user = request._cached_user = user
+        if not getattr(settings, "LOGIN_REQUIRED_WITHOUT_ACCESS", False):
             return self.get_response(request)
         path = request.path_info
         if path == OPEN_PATH or path.startswith(OPEN_PREFIXES):
             return self.get_response(request)
         if not request.user.is_authenticated:
-            user = header_token_user(request)
-            if user is None:
-                return _refusal(request)
-            request.user = request._cached_user = user
+            return _refusal(request)
         return self.get_response(request)

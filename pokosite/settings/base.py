@@ -298,6 +298,9 @@ SPECTACULAR_SETTINGS = {
 # Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.
 # Watching runs needs a logged-in user (town/access.py); production without Access turns it on.
 TOWN_VIEW_LOGIN_REQUIRED = env_bool("POKOMACHI_TOWN_VIEW_LOGIN_REQUIRED", False)
+# /v1 callers share cached prompts only with themselves (inference/cache_salt.py); true lets
+# every caller share one namespace (never the town's).
+V1_SHARED_CACHE = env_bool("POKOMACHI_V1_SHARED_CACHE", False)
 # Access service tokens (client ids) that may control runs through the API (town/access.py);
 # any other service token only reads.
 CONTROL_SERVICE_TOKENS = env_list("POKOMACHI_CONTROL_SERVICE_TOKENS", [])

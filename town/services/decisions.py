@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from inference.cache_salt import run_cache_salt
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, completion_generate
 from inference.task_queue import TaskQueueUnavailable
@@ -196,8 +197,9 @@ def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
 
 
 def decision_cache_salt(run) -> str:
-    """Runs never share cached prefixes, so each run's numbers are its own."""
-    return f"run-{run.pk}"
+    """Runs never share cached prefixes, so each run's numbers are its own; and no /v1 caller
+    can reach a run's cache (inference/cache_salt.py)."""
+    return run_cache_salt(run.pk)
 
 
 def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bool:
