@@ -9,6 +9,10 @@ up, with an error the client can show, when no worker took the task within the q
 (settings.OPENAI_API_TIMEOUT_S) or a worker that started went silent for
 settings.OPENAI_STREAM_IDLE_TIMEOUT_S (it died: no more heartbeats). Keys expire after
 KEY_TTL_S, so a stream nobody read does not linger.
+
+A client that goes away mid-stream (it closed the connection) is told to the worker through a
+second key (`stream_cancel`): the worker's next delta sees it and raises StreamCancelled, which
+closes the engine's stream and so aborts the request and frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -36,6 +40,26 @@ def completion_stream_key(completion_id: str) -> str:
     return f"{settings.INFERENCE_STREAM_PREFIX}:{completion_id}"
 
 
+def _cancel_key(stream_key: str) -> str:
+    return f"{stream_key}:cancelled"
+
+
+class StreamCancelled(Exception):
+    """The stream's reader went away: the worker stops the completion."""
+
+
+def stream_cancel(stream_key: str) -> None:
+    """(web) The client left: ask the worker to stop. Quick, and never raises."""
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0)
+        try:
+            client.set(_cancel_key(stream_key), 1, ex=KEY_TTL_S)
+        finally:
+            client.close()
+    except redis.RedisError as exc:  # the completion then runs to its deadline
+        logger.warning("stream %s: cancel not sent (%s)", stream_key, exc)
+
+
 class StreamPublisher:
     """The worker's end. Use as a context manager: `started` and heartbeats on entry, the
     heartbeats stop on exit. Send exactly one of `done` / `error` before leaving."""
@@ -60,6 +84,11 @@ class StreamPublisher:
         self._client.close()
 
     def delta(self, text: str) -> None:
+        """Forward text; StreamCancelled once the reader has gone (stream_cancel)."""
+        with self._lock:
+            cancelled = self._client.exists(_cancel_key(self.key))
+        if cancelled:
+            raise StreamCancelled(f"stream {self.key}: the client went away")
         self._send("delta", {"text": text})
 
     def done(self, result: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from inference.completion_streams import StreamPublisher
+from inference.completion_streams import StreamCancelled, StreamPublisher
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, completion_generate
 
@@ -78,6 +78,9 @@ def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> d
         except (CompletionTimeoutError, SoftTimeLimitExceeded) as exc:
             stream.error(_timeout_message(exc), status=504)
             return {"error": _timeout_message(exc), "status": 504}
+        except StreamCancelled as exc:  # the engine request is aborted: nobody reads it
+            logger.info("%s; the completion was aborted", exc)
+            return {"error": str(exc), "status": 499}
         except Exception as exc:
             stream.error(f"the node failed the completion: {type(exc).__name__}: {exc}", status=500)
             raise

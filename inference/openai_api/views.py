@@ -12,6 +12,7 @@ starts or its worker dies mid-way, the stream ends with an error event in OpenAI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +24,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.cache_salt import request_identity, v1_cache_salt
-from inference.completion_streams import StreamTimeout, completion_stream_key, stream_events
+from inference.completion_streams import (
+    StreamTimeout,
+    completion_stream_key,
+    stream_cancel,
+    stream_events,
+)
 from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
 from inference.openai_api.guards import same_site_json
@@ -109,6 +115,20 @@ async def _answer(node: str, result: Any) -> dict[str, Any]:
     return answer
 
 
+async def _events_until_left(id_: str, node: str) -> AsyncIterator[Any]:
+    """The stream's events; when the client leaves before the end (the server closes this
+    generator), the worker is told to stop, so the engine aborts the request."""
+    key = completion_stream_key(id_)
+    ended = False
+    try:
+        async for event in stream_events(key, node=node):
+            ended = event.kind in ("done", "error")
+            yield event
+    finally:
+        if not ended:
+            stream_cancel(key)
+
+
 def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
@@ -121,20 +141,21 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
     last_sent = time.monotonic()
     answer: dict[str, Any] = {}
     try:
-        async for event in stream_events(completion_stream_key(id_), node=node):
-            if event.kind == "delta":
-                delta = {"content": event.data["text"]}
-                yield _sse(chunk(id_=id_, model=model, created=created, delta=delta))
-                last_sent = time.monotonic()
-            elif event.kind == "idle" and time.monotonic() - last_sent > KEEPALIVE_S:
-                yield ": waiting for the node\n\n"  # an SSE comment: clients skip it
-                last_sent = time.monotonic()
-            elif event.kind == "error":
-                status = int(event.data.get("status", 500))
-                type_ = "invalid_request_error" if status < 500 else "server_error"
-                raise OpenAIError(event.data["message"], status=status, type_=type_)
-            elif event.kind == "done":
-                answer = event.data
+        async with contextlib.aclosing(_events_until_left(id_, node)) as events:
+            async for event in events:
+                if event.kind == "delta":
+                    delta = {"content": event.data["text"]}
+                    yield _sse(chunk(id_=id_, model=model, created=created, delta=delta))
+                    last_sent = time.monotonic()
+                elif event.kind == "idle" and time.monotonic() - last_sent > KEEPALIVE_S:
+                    yield ": waiting for the node\n\n"  # an SSE comment: clients skip it
+                    last_sent = time.monotonic()
+                elif event.kind == "error":
+                    status = int(event.data.get("status", 500))
+                    type_ = "invalid_request_error" if status < 500 else "server_error"
+                    raise OpenAIError(event.data["message"], status=status, type_=type_)
+                elif event.kind == "done":
+                    answer = event.data
     except StreamTimeout as exc:
         type_ = "timeout" if exc.status == 504 else "server_error"
         yield _sse(OpenAIError(str(exc), status=exc.status, type_=type_).body())

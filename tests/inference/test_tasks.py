@@ -44,3 +44,38 @@ def test_a_too_deep_schema_is_an_error_result_naming_the_limit():
     answer = chat_completion(request)
     assert "max_depth=32 (it nests 41 levels deep)" in answer["error"]
     assert "status" not in answer  # bad input: the web answers 400
+
+
+def test_a_stream_whose_client_left_is_aborted_on_the_node(redis_url):
+    import uuid
+
+    from inference.completion_streams import (
+        StreamCancelled,
+        StreamPublisher,
+        completion_stream_key,
+        stream_cancel,
+    )
+
+    key = completion_stream_key(f"test-cancel-{uuid.uuid4().hex}")
+    with StreamPublisher(key) as publisher:
+        publisher.delta("still read")
+        stream_cancel(key)  # what the web does when the SSE client goes away
+        try:
+            publisher.delta("nobody reads this")
+            raise AssertionError("the delta after the cancel went out")
+        except StreamCancelled:
+            pass
+    # The task: its first delta sees the cancel, the engine request is aborted, blocks freed.
+    engine = engine_get()
+    key = completion_stream_key(f"test-cancel-{uuid.uuid4().hex}")
+    stream_cancel(key)
+    request = {"messages": MESSAGES, "json_schema": None, "max_tokens": 1500, "temperature": 0}
+    started = time.perf_counter()
+    answer = chat_completion(request, key)
+    assert answer["status"] == 499 and "the client went away" in answer["error"]
+    assert time.perf_counter() - started < 30  # not 1,500 tokens decoded unread
+    deadline = time.monotonic() + 5
+    while engine.stats().num_running:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert engine.stats().kv_cache_usage == 0.0
