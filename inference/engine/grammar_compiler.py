@@ -200,6 +200,41 @@ class CompilePool:
             worker.close()
 
 
+class SharedPools:
+    """The compile pools of this process, one per tokenizer (and pool settings), shared by every
+    engine that uses it: starting a worker costs seconds and ~300 MB (it imports xgrammar), so
+    engines of the same model — tests make many — reuse the same workers. A pool closes when its
+    last engine releases it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[bytes, int, float], tuple[CompilePool, int]] = {}
+
+    def acquire(self, tokenizer_info_json: bytes, max_workers: int, timeout_s: float):
+        key = (hashlib.sha256(tokenizer_info_json).digest(), max_workers, timeout_s)
+        with self._lock:
+            pool, users = self._pools.get(key, (None, 0))
+            if pool is None:
+                pool = CompilePool(tokenizer_info_json, max_workers, timeout_s)
+            self._pools[key] = (pool, users + 1)
+        return pool
+
+    def release(self, pool: CompilePool) -> None:
+        with self._lock:
+            for key, (candidate, users) in list(self._pools.items()):
+                if candidate is pool:
+                    if users > 1:
+                        self._pools[key] = (pool, users - 1)
+                        return
+                    del self._pools[key]
+                    break
+        pool.close()
+
+
+# Process-wide, like the model files on disk: a resource of the process, not of one engine.
+shared_pools = SharedPools()
+
+
 class GrammarCache:
     """Compiled grammars (and refusals) by schema hash, LRU past `max_bytes`."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import xgrammar as xgr
 
-from inference.engine.grammar_compiler import CompilePool, GrammarCache
+from inference.engine.grammar_compiler import GrammarCache, shared_pools
 from inference.engine.request_errors import RequestError
 from inference.engine.schema_limits import SchemaLimits, check_schema
 from inference.engine.tokenizer import Tokenizer
@@ -75,7 +75,7 @@ class StructuredOutputManager:
             stop_token_ids=sorted(tokenizer.stop_token_ids),
         )
         self.limits = limits or SchemaLimits()
-        self._pool = CompilePool(
+        self._pool = shared_pools.acquire(
             self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
         )
         self.cache = GrammarCache(self._compile, cache_bytes)
@@ -96,8 +96,9 @@ class StructuredOutputManager:
         self._pool.start(num_workers)
 
     def close(self) -> None:
-        """Stop the compile workers (the engine shuts down)."""
-        self._pool.close()
+        """Release the compile workers (the engine shuts down; the last engine of this
+        tokenizer stops them)."""
+        shared_pools.release(self._pool)
 
     def apply(
         self, logits: torch.Tensor, grammars: list[GrammarState | None]
