@@ -84,7 +84,9 @@ def test_the_same_schema_compiles_once_even_when_asked_for_at_once(make_tiny_eng
         thread.join(timeout=120)
     engine.generate("hi", SamplingParams(max_tokens=12, json_schema=json.dumps(schema)))
     cache = engine.structured.cache
-    assert (cache.num_compiles, cache.num_hits) == (1, 1)  # the 2 concurrent ones waited
+    # Four requests, one compile: the others waited for it or found it cached (which of the two
+    # depends on when their threads ran).
+    assert cache.num_compiles == 1 and 1 <= cache.num_hits <= 3
     assert len(outputs) == 3 and all(json.loads(o.text)["word"] for o in outputs)
 
 
