@@ -68,7 +68,11 @@ class EngineConfig:
     # own worker process), and the byte budget of the compiled-grammar cache.
     schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
     grammar_compile_timeout_s: float = 20.0
-    grammar_compile_workers: int = 4
+    # 0: compile in a thread of this process (xgrammar releases the GIL, so the engine loop
+    # runs on); a caller waits at most the deadline, the compile itself then finishes unread.
+    # N > 0: in up to N worker processes, killed past the deadline (each imports xgrammar and
+    # torch: seconds and ~300 MB to start).
+    grammar_compile_workers: int = 0
     grammar_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
@@ -114,9 +118,10 @@ class EngineConfig:
                 f"grammar_compile_timeout_s must be a finite number of seconds > 0, got "
                 f"{self.grammar_compile_timeout_s}"
             )
-        if self.grammar_compile_workers < 1:
+        if self.grammar_compile_workers < 0:
             raise ValueError(
-                f"grammar_compile_workers must be ≥ 1, got {self.grammar_compile_workers}"
+                f"grammar_compile_workers must be ≥ 0 (0: in this process), got "
+                f"{self.grammar_compile_workers}"
             )
         if self.grammar_cache_bytes < 0:
             raise ValueError(f"grammar_cache_bytes must be ≥ 0, got {self.grammar_cache_bytes}")

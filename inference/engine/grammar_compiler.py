@@ -200,6 +200,37 @@ class CompilePool:
             worker.close()
 
 
+def compile_in_thread(
+    compiler: xgr.GrammarCompiler, schema_text: str, timeout_s: float
+) -> xgr.CompiledGrammar:
+    """Compile in a thread of this process and wait at most `timeout_s` for it. xgrammar
+    releases the GIL while it compiles, so the engine loop and other callers run on. Past the
+    deadline the caller is refused (CompileDeadlineError) and the compile, which cannot be
+    interrupted in-process, finishes unread (the schema limits bound how long that is)."""
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(
+                compiler.compile_json_schema(
+                    schema_text, any_whitespace=False, separators=(",", ":")
+                )
+            )
+        except Exception as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="grammar-compile", daemon=True).start()
+    try:
+        return done.result(timeout=timeout_s)
+    except TimeoutError:
+        raise CompileDeadlineError(
+            f"json_schema did not compile within the {timeout_s:g} s deadline "
+            "(grammar_compile_timeout_s): simplify the schema"
+        ) from None
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"invalid json_schema: {exc}") from exc
+
+
 class SharedPools:
     """The compile pools of this process, one per tokenizer (and pool settings), shared by every
     engine that uses it: starting a worker costs seconds and ~300 MB (it imports xgrammar), so

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import xgrammar as xgr
 
-from inference.engine.grammar_compiler import GrammarCache, shared_pools
+from inference.engine.grammar_compiler import GrammarCache, compile_in_thread, shared_pools
 from inference.engine.request_errors import RequestError
 from inference.engine.schema_limits import SchemaLimits, check_schema
 from inference.engine.tokenizer import Tokenizer
@@ -75,9 +75,15 @@ class StructuredOutputManager:
             stop_token_ids=sorted(tokenizer.stop_token_ids),
         )
         self.limits = limits or SchemaLimits()
-        self._pool = shared_pools.acquire(
-            self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
-        )
+        self.compile_timeout_s = compile_timeout_s
+        self._pool = None
+        self._compiler = None
+        if max_compile_workers > 0:
+            self._pool = shared_pools.acquire(
+                self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
+            )
+        else:
+            self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
         self.cache = GrammarCache(self._compile, cache_bytes)
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
 
@@ -88,17 +94,22 @@ class StructuredOutputManager:
         return GrammarState(self.cache.get(schema_text))
 
     def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
-        return xgr.CompiledGrammar.deserialize_json(self._pool.compile(schema_text), self._info)
+        if self._pool is not None:
+            compiled = self._pool.compile(schema_text)
+            return xgr.CompiledGrammar.deserialize_json(compiled, self._info)
+        return compile_in_thread(self._compiler, schema_text, self.compile_timeout_s)
 
     def start_workers(self, num_workers: int = 1) -> None:
         """Start compile workers now (seconds each: they import xgrammar), so that the first
-        schemas do not wait for one."""
-        self._pool.start(num_workers)
+        schemas do not wait for one. Nothing to start when compiling in this process."""
+        if self._pool is not None and num_workers > 0:
+            self._pool.start(num_workers)
 
     def close(self) -> None:
         """Release the compile workers (the engine shuts down; the last engine of this
         tokenizer stops them)."""
-        shared_pools.release(self._pool)
+        if self._pool is not None:
+            shared_pools.release(self._pool)
 
     def apply(
         self, logits: torch.Tensor, grammars: list[GrammarState | None]
