@@ -190,7 +190,12 @@ class BlockPool:
                 else:
                     self.free_queue.append(block)
 
-    def _evict(self, block: KVCacheBlock) -> None:
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Unregister a block whose K/V was never written (the step that was to compute it
+        failed), so nothing hits it; not counted as an eviction."""
+        self._evict(block, lost=False)
+
+    def _evict(self, block: KVCacheBlock, lost: bool = True) -> None:
         if block.block_hash is None:
             return
         if self.hash_to_block.get(block.block_hash) is block:
@@ -199,10 +204,11 @@ class BlockPool:
             siblings.pop(block.block_hash, None)
             if not siblings:
                 self.children.pop(block.parent_hash, None)
-            self.evicted_hashes[block.block_hash] = None
-            if len(self.evicted_hashes) > self.max_evicted_hashes:
-                self.evicted_hashes.popitem(last=False)
-            self.num_evictions += 1
+            if lost:
+                self.evicted_hashes[block.block_hash] = None
+                if len(self.evicted_hashes) > self.max_evicted_hashes:
+                    self.evicted_hashes.popitem(last=False)
+                self.num_evictions += 1
         block.block_hash = None
         block.token_ids = None
         block.parent_hash = None

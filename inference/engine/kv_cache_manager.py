@@ -246,6 +246,16 @@ class KVCacheManager:
             self.copies.append(BlockCopy("sliding", partial.sliding.block_id, dst.block_id, n))
         self.num_partial_block_copies += 1
 
+    def forget_uncomputed(self, request: Request) -> None:
+        """Unregister the request's blocks from its first uncomputed token on: they were
+        registered when allocated, and the step that was to write their K/V failed."""
+        first = request.num_computed_tokens // self.block_size
+        for block in self.req_to_blocks.get(request.request_id, [])[first:]:
+            self.block_pool.uncache(block)
+        self.num_cached_blocks[request.request_id] = min(
+            self.num_cached_blocks.get(request.request_id, 0), first
+        )
+
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so a shared head outlives the tails."""
         tail = self._cache_partial_tail(request) if self.enable_caching else None

@@ -448,6 +448,8 @@ class LLMEngine:
         failed = []
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
+            # Its blocks were registered when allocated; their K/V was never written.
+            self.kv_cache_manager.forget_uncomputed(request)
             request.error = RequestError(
                 f"the engine step running request {request.request_id} failed: "
                 f"{type(exc).__name__}: {exc}"

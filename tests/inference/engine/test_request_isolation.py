@@ -149,6 +149,27 @@ def test_a_failing_model_step_fails_its_requests_not_the_waiting_ones(
     assert sum(isinstance(r, list) and len(r) == 10 for r in results) == 3
 
 
+def test_a_failed_step_leaves_no_unwritten_block_in_the_prefix_cache(make_tiny_engine, monkeypatch):
+    engine = make_tiny_engine()
+    uncached = make_tiny_engine(enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = "Ben the bookseller counts the new arrivals before the shop opens, " * 4
+    (want,) = uncached.generate([prompt], params)
+    real = engine.runner.execute
+
+    def fail_once(output):
+        monkeypatch.setattr(engine.runner, "execute", real)
+        raise RuntimeError("the forward failed before writing its K/V")
+
+    monkeypatch.setattr(engine.runner, "execute", fail_once)
+    with pytest.raises(RequestError, match="the forward failed"):
+        engine.generate([prompt], params)
+    # Its blocks were registered when allocated; a hit on them would read K/V never written.
+    (again,) = engine.generate([prompt], params)
+    assert again.metrics.num_cached_tokens == 0
+    assert again.token_ids == want.token_ids
+
+
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
