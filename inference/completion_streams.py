@@ -11,8 +11,9 @@ settings.OPENAI_STREAM_IDLE_TIMEOUT_S (it died: no more heartbeats). Keys expire
 KEY_TTL_S, so a stream nobody read does not linger.
 
 A client that goes away mid-stream (it closed the connection) is told to the worker through a
-second key (`stream_cancel`): the worker's next delta sees it and raises StreamCancelled, which
-closes the engine's stream and so aborts the request and frees its KV blocks.
+second key (`stream_cancel`): the worker looks for it on entry and with each heartbeat, and its
+next delta then raises StreamCancelled, which closes the engine's stream and so aborts the
+request and frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ class StreamPublisher:
         self._client = redis.Redis.from_url(settings.REDIS_URL)
         self._lock = threading.Lock()  # the heartbeat thread and the task thread share the client
         self._stopped = threading.Event()
+        self._cancelled = threading.Event()  # the reader went away (stream_cancel)
         self._heartbeat = threading.Thread(
             target=self._beat, name=f"stream-heartbeat {key}", daemon=True
         )
 
     def __enter__(self) -> StreamPublisher:
+        self._check_cancelled()  # the client may have left while the task was queued
         self._send("started")
         self._heartbeat.start()
         return self
@@ -84,10 +87,9 @@ class StreamPublisher:
         self._client.close()
 
     def delta(self, text: str) -> None:
-        """Forward text; StreamCancelled once the reader has gone (stream_cancel)."""
-        with self._lock:
-            cancelled = self._client.exists(_cancel_key(self.key))
-        if cancelled:
+        """Forward text; StreamCancelled once the reader has gone (stream_cancel, seen by the
+        heartbeat: within HEARTBEAT_S, and no Redis round trip per piece of text)."""
+        if self._cancelled.is_set():
             raise StreamCancelled(f"stream {self.key}: the client went away")
         self._send("delta", {"text": text})
 
@@ -101,8 +103,14 @@ class StreamPublisher:
         while not self._stopped.wait(HEARTBEAT_S):
             try:
                 self._send("alive")
+                self._check_cancelled()
             except redis.RedisError as exc:  # the stream's reader will time out and say so
                 logger.warning("stream %s: heartbeat not sent (%s)", self.key, exc)
+
+    def _check_cancelled(self) -> None:
+        with self._lock:
+            if self._client.exists(_cancel_key(self.key)):
+                self._cancelled.set()
 
     def _send(self, kind: str, data: dict[str, Any] | None = None) -> None:
         fields = {"kind": kind, "data": json.dumps(data or {}, ensure_ascii=False)}

@@ -238,12 +238,11 @@ class LLMEngine:
             reason = aborts.get(request.request_id)
             if reason is None:
                 continue
-            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-            self._futures.pop(request.request_id).set_exception(
-                RequestAbortedError(
-                    f"request {request.request_id} was aborted ({reason}); its KV blocks are freed"
-                )
+            request.error = RequestAbortedError(
+                f"request {request.request_id} was aborted ({reason}); its KV blocks are freed"
             )
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            self._deliver(request, self._futures.pop(request.request_id))
 
     def stats(self) -> EngineStats:
         with self._lock:

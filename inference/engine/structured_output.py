@@ -6,9 +6,9 @@ After it, the tokens the grammar forces (keys, punctuation, the rest of an enum 
 start is chosen) can be appended at once (jump-forward): they need no model step of their own,
 only their K/V, computed with the next step's token.
 
-A schema is checked against SchemaLimits (schema_limits) and compiled by GrammarCache
-(grammar_compiler): in the caller's thread, outside any engine-wide lock, in a worker process
-killed past the compile deadline, once per schema.
+A schema is checked against SchemaLimits (schema_limits) and compiled once, by GrammarCache
+(grammar_compiler), outside any engine-wide lock: in a thread of this process whose caller waits
+at most the compile deadline, or (max_compile_workers > 0) in worker processes killed past it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class StructuredOutputManager:
         *,
         limits: SchemaLimits | None = None,
         compile_timeout_s: float = 20.0,
-        max_compile_workers: int = 4,
+        max_compile_workers: int = 0,
         cache_bytes: int = 256 << 20,
     ) -> None:
         self.vocab_size = model_vocab_size
