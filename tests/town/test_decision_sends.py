@@ -4,7 +4,10 @@ real Celery workers and the real Redis broker is in test_tasks.py."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
 
 from tests.town.factories import run_factory, small_town_factory
 from town import events, services
@@ -73,3 +76,30 @@ def test_only_the_running_send_may_begin_a_running_decision_again():
     # w1 dies: the broker hands send 2's message back, and that one may begin it again.
     again = _decision_begin(decision_id=decision.pk, worker="w3", send=2)
     assert again is not None and (again.attempts, again.retries, again.worker) == (2, 1, "w3")
+
+
+def test_a_copy_of_a_decision_this_process_is_computing_is_dropped():
+    """The broker hands a message out again while its live worker still computes it (past the
+    visibility timeout, or prefetched twice): the copy must not begin a second attempt."""
+    run = services.run_start(run=run_factory(town=small_town_factory()))
+    tick = services.tick_begin(run=run)
+    decision = tick.decisions.order_by("resident_id").first()
+    services.decision_dispatch(decision=decision, send=lambda *args: None)
+    barrier = threading.Barrier(2)
+    stored: list[bool] = []
+
+    def deliver() -> None:
+        barrier.wait()
+        try:
+            stored.append(services.decision_compute(decision_id=decision.pk, worker="w1", send=1))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(stored) == [False, True]
+    decision.refresh_from_db()
+    assert (decision.status, decision.attempts, decision.retries) == (D.COMPUTED, 1, 0)

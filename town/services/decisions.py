@@ -10,14 +10,18 @@ it out again (same send); a worker killed after taking the message off the queue
 recording it as unacknowledged loses it, so the tick loop sends a decision no worker has begun
 again (`decision_resend`, send 2, 3, ...). Each delivery says which send it is; only the send
 that began the running attempt may begin it again, so two copies never compute at once, and an
-answer that comes after another one is dropped.
+answer that comes after another one is dropped. A broker also hands out a message again while
+its worker is still computing it (past the visibility timeout, or one the worker had prefetched):
+a process never begins a decision it is computing already.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import jsonschema
@@ -196,6 +200,27 @@ def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
     return stored == 1
 
 
+_computing_here: set[int] = set()
+_computing_here_lock = threading.Lock()
+
+
+@contextmanager
+def _claim_in_this_process(decision_id: int) -> Iterator[bool]:
+    """True while no other thread of this process computes the decision. A copy of the message
+    that is being computed here (the broker restored it past the visibility timeout, or this
+    worker had prefetched it twice) must not begin it again: this worker is alive, and its answer
+    is coming. The database cannot tell that copy from one whose worker died."""
+    with _computing_here_lock:
+        claimed = decision_id not in _computing_here
+        _computing_here.add(decision_id)
+    try:
+        yield claimed
+    finally:
+        if claimed:
+            with _computing_here_lock:
+                _computing_here.discard(decision_id)
+
+
 def decision_cache_salt(run) -> str:
     """Runs never share cached prefixes, so each run's numbers are its own; and no /v1 caller
     can reach a run's cache (inference/cache_salt.py)."""
@@ -210,6 +235,14 @@ def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bo
     decision_timeout_s (from dispatch) is the engine's deadline: past it the tick has given up
     on the decision, so the engine aborts the request and the decision is timed out.
     """
+    with _claim_in_this_process(decision_id) as claimed:
+        if not claimed:
+            logger.info("decision %s is being computed in this process; dropping a copy", decision_id)
+            return False
+        return _decision_compute_claimed(decision_id=decision_id, worker=worker, send=send)
+
+
+def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bool:
     decision = _decision_begin(decision_id=decision_id, worker=worker, send=send)
     if decision is None:
         return False
