@@ -237,7 +237,7 @@ def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bo
     """
     with _claim_in_this_process(decision_id) as claimed:
         if not claimed:
-            logger.info("decision %s is being computed in this process; dropping a copy", decision_id)
+            logger.info("decision %s is computing in this process; copy dropped", decision_id)
             return False
         return _decision_compute_claimed(decision_id=decision_id, worker=worker, send=send)
 
