@@ -81,9 +81,10 @@ def test_reuse_point_is_the_last_checkpoint_the_full_chain_covers():
     b = make_request("b", [*range(36), 90, 91, 92, 93, 94, 95, 96, 97, 98])
     hits, num_hit = manager.get_computed_blocks(b)
     assert num_hit == 32
-    assert hits.block_ids == list(range(8))  # a's full blocks 0..7
-    # The window before 32: blocks 6, 7 of a's sliding table (ids 4, 5).
-    assert [block.block_id for block in hits.sliding_blocks] == [4, 5]
+    full_ids, window_ids_ = hits.blocks.get_block_ids()
+    assert full_ids == list(range(8))  # a's full blocks 0..7
+    # The window before 32: blocks 6, 7 of a's sliding table (ids 4, 5); the null block before.
+    assert window_ids_ == [-1] * 6 + [4, 5]
     reuse = hits.reuse
     assert (reuse.num_reused_tokens, reuse.num_lost_to_retention) == (32, 4)
     assert (reuse.num_lost_to_alignment, reuse.num_cold_tokens) == (0, 9)
@@ -230,4 +231,4 @@ def test_checkpoints_are_evicted_least_recently_used_first():
     hits, num_hit = manager.get_computed_blocks(make_request("c2", [*range(100, 112), 60]))
     assert num_hit == 0 and hits.reuse.num_lost_to_eviction == 12
     hits, num_hit = manager.get_computed_blocks(make_request("a2", [*range(12), 61]))
-    assert num_hit == 12 and [blk.block_id for blk in hits.sliding_blocks] == [1, 2]
+    assert num_hit == 12 and hits.blocks.get_block_ids()[1] == [-1, 1, 2]
