@@ -1,4 +1,5 @@
-"""The sliding-window KV group: per-request windows of blocks, and window checkpoints.
+"""The sliding-window KV cache group's manager (a SingleTypeKVCacheManager): per-request
+windows of blocks, and window checkpoints.
 
 A sliding layer's query at position p reads keys in (p - W, p], so a running request holds
 only the blocks from `first_needed_block(start)` on (start: its first query this step); older
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from inference.engine.block_pool import KVCacheBlock
 from inference.engine.hashing import BlockHash, BlockHasher
@@ -42,13 +42,6 @@ from inference.engine.single_type_kv_cache_manager import (
 )
 
 CheckpointKey = tuple[BlockHash, int]  # (hash of the block holding P - 1, P - that block's start)
-
-
-@dataclass(slots=True)
-class WindowPlan(AllocationPlan):
-    """An allocation's plan plus the leading blocks it releases from the window."""
-
-    num_release: int = 0
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -162,9 +155,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def plan(
         self, request: Request, num_computed: int, end: int, hits: list[KVCacheBlock]
-    ) -> WindowPlan:
+    ) -> AllocationPlan:
         table = self.req_to_blocks.get(request.request_id)
         first = self.first_needed_block(num_computed)
+        # Leading blocks out of the window now: the ones only this request holds come back.
         releasable = [block for block in (table or [])[:first] if not block.is_null]
         # Admission: the table starts as long as the reuse point (the hits, null-padded).
         num_table = len(table) if table is not None else num_computed // self.block_size
@@ -172,7 +166,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         num_returned = sum(1 for block in releasable if block.ref_cnt == 1)
         # Hits that sit in the free queue stop being free once we take them.
         num_needed = num_new + self.block_pool.num_evictable(hits) - num_returned
-        return WindowPlan(num_new, num_needed, len(releasable))
+        return AllocationPlan(num_new, num_needed)
 
     def allocate(
         self,
