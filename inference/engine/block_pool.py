@@ -29,8 +29,13 @@ class KVCacheBlock:
     cached_step: int = -1
     prev_free: KVCacheBlock | None = None
     next_free: KVCacheBlock | None = None
+    # The pool's placeholder for a place in a block table that holds no block (a sliding
+    # window's released blocks): never handed out, never freed, never cached.
+    is_null: bool = False
 
     def __repr__(self) -> str:
+        if self.is_null:
+            return "KVCacheBlock(null)"
         cached = self.block_hash is not None
         return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={cached})"
 
@@ -95,6 +100,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
+        # Outside `blocks`: the pool's block ids and capacity are the same with or without it.
+        self.null_block = KVCacheBlock(-1, is_null=True)
         self.hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         # parent chain hash (None: the root) → the cached blocks that continue it
         self.children: dict[BlockHash | None, dict[BlockHash, KVCacheBlock]] = {}
@@ -158,6 +165,10 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self.hash_to_block)
 
+    def num_evictable(self, blocks: list[KVCacheBlock]) -> int:
+        """How many of these cache hits sit in the free queue: taking them uses free space."""
+        return sum(1 for block in blocks if block.ref_cnt == 0 and not block.is_null)
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         assert num_blocks <= self.num_free_blocks, "caller must check num_free_blocks"
         blocks = []
@@ -171,6 +182,8 @@ class BlockPool:
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Take a reference on cache-hit blocks, pulling free ones out of the free queue."""
         for block in blocks:
+            if block.is_null:
+                continue
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
@@ -182,6 +195,8 @@ class BlockPool:
         queue instead: nothing can hit it, so it is the first to hand out again.
         """
         for block in ordered_blocks:
+            if block.is_null:
+                continue
             assert block.ref_cnt > 0, f"double free of {block}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inference.engine.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
 
@@ -46,3 +49,26 @@ def hash_request_blocks(
         parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra)
         hashes.append(parent)
     return hashes
+
+
+class BlockHasher:
+    """A request's chain hashes and children-index keys for one model, shared by every KV
+    cache group (all groups key a block the same way)."""
+
+    def __init__(self, block_size: int, model_fingerprint: str) -> None:
+        self.block_size = block_size
+        self.model_fingerprint = model_fingerprint
+
+    def extra(self, request: Request) -> bytes:
+        return extra_keys(self.model_fingerprint, request.sampling_params.cache_salt)
+
+    def update(self, request: Request) -> None:
+        """Hash the request's full blocks not hashed yet."""
+        request.block_hashes = hash_request_blocks(
+            request.all_token_ids, self.block_size, self.extra(request), request.block_hashes
+        )
+
+    def parent_hash(self, request: Request, index: int) -> BlockHash:
+        """Block `index`'s key in the children index: the chain hash before it, or the root of
+        the request's model and salt for the first block."""
+        return request.block_hashes[index - 1] if index else root_hash(self.extra(request))

@@ -1,57 +1,55 @@
-"""KVCacheManager: which blocks each request holds, prefix-cache lookups, allocation.
+"""KVCacheManager: the scheduler's side of the KV cache — lookups, allocation, accounting.
 
-The scheduler talks to it through `KVCacheBlocks` and plain counts; an allocation that
-cannot be satisfied returns None and the scheduler decides what to do (preempt or wait).
-
-A model with sliding-window layers has two KV groups, each with its own block pool and block
-tables: the full-attention group (here) and the sliding group (`SlidingWindowManager`). Both
-use the same chain hash per block index. A prompt can resume at P only if the full group's
-chain hits every block before P and a window checkpoint exists at P. A model without sliding
-layers has only the full group and behaves exactly as before.
+The scheduler talks to it through `KVCacheBlocks` (blocks per KV cache group), the lookup's
+result (`PrefixCacheHit`) and plain counts; an allocation that cannot be satisfied returns None
+and the scheduler decides what to do (preempt or wait). The groups themselves are managed by
+one manager each under the coordinator (kv_cache_coordinator): the full-attention group, and on
+a model with sliding-window layers the sliding group (sliding_window_manager). Both use the same
+chain hash per block index. A model without sliding layers has only the full group.
 
 Reuse is token-exact: when the match ends inside a block (a cached block continues the chain
 and its first m tokens match), the request gets a fresh block and the runner copies those m
-slots into it before the step's forward (copy-on-write), in both groups. Copies are handed to
+slots into it before the step's forward (copy-on-write), in every group. Copies are handed to
 the scheduler as `BlockCopy` records, drained once per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from inference.engine.block_pool import BlockPool, KVCacheBlock
-from inference.engine.hashing import (
-    BlockHash,
-    extra_keys,
-    hash_block_tokens,
-    hash_request_blocks,
-    root_hash,
-)
-from inference.engine.partial_blocks import (
-    BlockCopy,
-    PartialBlock,
-    matching_children,
-    partial_source,
-)
+from inference.engine.hashing import BlockHasher
+from inference.engine.kv_cache_coordinator import KVCacheCoordinator, LongestCacheHit
+from inference.engine.partial_blocks import BlockCopy, PartialBlock
 from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
+from inference.engine.single_type_kv_cache_manager import FullAttentionManager
 from inference.engine.sliding_window_manager import SlidingWindowManager
 
 
 @dataclass(slots=True)
 class KVCacheBlocks:
-    blocks: list[KVCacheBlock]  # full-attention group
-    sliding_blocks: list[KVCacheBlock] = field(default_factory=list)  # the window before P
-    reuse: PrefixReuse | None = None  # the lookup's accounting (admission only)
-    partial: PartialBlock | None = None
-    reuse_source: str = "none"
+    """Blocks per KV cache group, in the coordinator's order (full attention first); a group's
+    places that hold no block hold its pool's null block."""
+
+    blocks: tuple[list[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([block.block_id for block in group] for group in self.blocks)
+
+
+@dataclass(slots=True)
+class PrefixCacheHit:
+    """What get_computed_blocks found: the blocks to resume from, what allocating them needs,
+    and the lookup's accounting."""
+
+    blocks: KVCacheBlocks
+    partial: PartialBlock | None = None  # the reuse point lies inside a block: copy its slots
+    reuse: PrefixReuse | None = None  # where the prompt's tokens went (admission only)
     junction: int = 0  # where the prompt leaves the cached range, past the reuse point (0: no)
     checkpoint_key: tuple | None = None  # the window checkpoint resumed from (hybrid models)
-
-    @property
-    def block_ids(self) -> list[int]:
-        return [block.block_id for block in self.blocks]
 
 
 @dataclass(slots=True)
@@ -88,109 +86,86 @@ class KVCacheManager:
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.model_fingerprint = model_fingerprint
-        self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_blocks: dict[str, int] = {}
+        self.hasher = BlockHasher(block_size, model_fingerprint)
+        full = FullAttentionManager(
+            num_blocks, block_size, enable_caching, self.hasher, exact_reuse
+        )
+        windows = []
+        if sliding_window is not None:
+            policy = RetentionPolicy(retention_interval, block_size, exact_reuse)
+            num = num_sliding_blocks or num_blocks
+            windows.append(
+                SlidingWindowManager(
+                    num, block_size, sliding_window, policy, enable_caching, self.hasher
+                )
+            )
+        self.coordinator = KVCacheCoordinator(full, windows)
         self.stats = PrefixCacheStats()
-        self.exact_reuse = exact_reuse  # copy partial blocks (token-exact reuse)
-        self.junction_checkpoints = junction_checkpoints
+        # Junctions are window checkpoints: without a window group there are none to keep.
+        self.junction_checkpoints = junction_checkpoints and bool(windows)
         self.copies: list[BlockCopy] = []  # this step's, drained by the scheduler
         self.num_partial_block_copies = 0
-        self.pinned_block_ids: dict[int, int] = {}  # full-group block id → pin count
-        self.sliding: SlidingWindowManager | None = None
-        if sliding_window is not None:
-            self.sliding = SlidingWindowManager(
-                num_sliding_blocks or num_blocks,
-                block_size,
-                sliding_window,
-                RetentionPolicy(retention_interval, block_size, exact_reuse),
-                enable_caching,
-                self.parent_hash,
-            )
+
+    @property
+    def block_pool(self) -> BlockPool:
+        """The full-attention group's pool (usage, pins, tests)."""
+        return self.coordinator.full.block_pool
+
+    @property
+    def sliding(self) -> SlidingWindowManager | None:
+        """The sliding-window group's manager, if the model has one (stats, tests)."""
+        windows = self.coordinator.others
+        return next((m for m in windows if isinstance(m, SlidingWindowManager)), None)
 
     def usage(self) -> float:
         return self.block_pool.usage()
 
     def new_step(self) -> None:
         """A schedule begins: blocks cached from now on are computed by this step's forward."""
-        self.block_pool.step += 1
-        if self.sliding is not None:
-            self.sliding.block_pool.step += 1
+        self.coordinator.new_step()
 
     def take_copies(self) -> list[BlockCopy]:
         copies, self.copies = self.copies, []
         return copies
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+    def empty_blocks(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple([] for _ in self.coordinator.managers))
+
+    def get_computed_blocks(self, request: Request) -> tuple[PrefixCacheHit, int]:
         """The longest cached prefix the request can resume from, and its length in tokens.
 
         At least the last token is always left to compute: its logits are needed.
         """
         if not self.enable_caching:
-            return KVCacheBlocks([], reuse=PrefixReuse.cold(request.num_tokens)), 0
-        self._update_hashes(request)
-        size = self.block_size
-        limit = request.num_tokens - 1
-        chain = self._live_chain(request)
-        children = self._children(request, chain) if self.exact_reuse else []
-        if self.exact_reuse:
-            ready = [n for block, n in children if self.block_pool.is_ready(block)]
-            matching = max(ready, default=0)
-            num_reusable = min(len(chain) * size + matching, limit)
-        else:
-            num_reusable = min(len(chain), limit // size) * size
-        reused, evicted_checkpoint = num_reusable, num_reusable
-        partial, kind, sliding_hits = None, "retention", []
-        if self.sliding is not None:
-            checkpoint = self.sliding.find_checkpoint(
-                request,
-                num_reusable,
-                len(chain),
-                [(block.block_hash, n) for block, n in children],
-            )
-            reused, sliding_hits, kind = checkpoint.position, checkpoint.blocks, checkpoint.kind
-            evicted_checkpoint = max(checkpoint.evicted_position, reused)
-            if checkpoint.partial is not None:
-                partial = partial_source(
-                    self.block_pool, chain, children, reused, checkpoint.partial, size
-                )
-                if partial is None:  # its full-group half is not computed yet: resume at 0
-                    reused = evicted_checkpoint = 0
-                    sliding_hits = []
-        elif reused % size:
-            partial = partial_source(self.block_pool, chain, children, reused, None, size)
-        if reused % size and partial is None:  # the source was not computed before this step
-            reused = evicted_checkpoint = reused // size * size
+            cold = PrefixReuse.cold(request.num_tokens)
+            return PrefixCacheHit(self.empty_blocks(), reuse=cold), 0
+        self.hasher.update(request)
+        found = self.coordinator.find_longest_cache_hit(request, request.num_tokens - 1)
+        reused = found.position
+        hits = found.hits
+        partial = None
+        if reused % self.block_size:
+            partial = PartialBlock(tuple(hit.source for hit in hits), reused % self.block_size)
         reuse, junction = None, 0
         if request.num_cached_tokens < 0:  # accounted once, when first admitted
-            reuse, matched = self._account(request, chain, reused, evicted_checkpoint, num_reusable)
-            if self.sliding is not None and self.junction_checkpoints and matched > reused:
+            reuse, matched = self._account(request, found)
+            if self.junction_checkpoints and matched > reused:
                 junction = min(matched, request.num_prompt_tokens)
-        hits = KVCacheBlocks(chain[: reused // size], sliding_hits, reuse, partial)
-        hits.reuse_source = self._source(hits, reused, kind)
-        if self.sliding is not None and reused:
-            hits.checkpoint_key = checkpoint.key
-        hits.junction = junction
-        return hits, reused
+        key = next((hit.key for hit in hits if hit.key is not None), None) if reused else None
+        blocks = KVCacheBlocks(tuple(hit.blocks for hit in hits))
+        return PrefixCacheHit(blocks, partial, reuse, junction, key), reused
 
-    def _children(
-        self, request: Request, chain: list[KVCacheBlock]
-    ) -> list[tuple[KVCacheBlock, int]]:
-        """Cached blocks continuing the chain, with how many of the next tokens they match."""
-        start = len(chain) * self.block_size
-        parent = chain[-1].block_hash if chain else root_hash(self._extra(request))
-        tail = request.all_token_ids[start : start + self.block_size]
-        return matching_children(self.block_pool, parent, tail)
-
-    def _source(self, hits: KVCacheBlocks, reused: int, kind: str) -> str:
-        if reused == 0:
+    def _source(self, found: LongestCacheHit) -> str:
+        """What the reuse point came from: a pinned head's blocks, a declared breakpoint or a
+        junction's checkpoint, or the block chain."""
+        if found.position == 0:
             return "none"
-        pinned = any(b.block_id in self.pinned_block_ids for b in hits.blocks)
-        if hits.partial is not None and hits.partial.full.block_id in self.pinned_block_ids:
-            pinned = True
-        if pinned:
+        full = found.hits[0]
+        pinned_ids = self.coordinator.full.pinned_block_ids
+        held = [*full.blocks, *([full.source] if full.source is not None else [])]
+        if any(block.block_id in pinned_ids for block in held):
             return "pinned"
+        kind = next((hit.kind for hit in found.hits if hit.kind != "retention"), "retention")
         if kind in ("breakpoint", "junction"):
             return kind
         return "block_chain"
@@ -199,169 +174,95 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: KVCacheBlocks | None = None,
+        new_computed: PrefixCacheHit | None = None,
+        junctions: Sequence[int] = (),
     ) -> KVCacheBlocks | None:
         """Blocks for `num_new_tokens` more tokens after what is computed (plus cache hits).
 
-        Returns the newly allocated full-group blocks, or None when a pool cannot hold them
+        `junctions`: where the request keeps its window state while it prefills, besides its
+        breakpoints and the retention grid (the scheduler's: found by lookups, or shared heads
+        that requests waiting on this one resume from).
+
+        Returns the newly allocated blocks per group, or None when a pool cannot hold them
         (then nothing changed).
         """
-        computed = new_computed_blocks or KVCacheBlocks([])
-        held = self.req_to_blocks.setdefault(request.request_id, [])
-        num_computed = request.num_computed_tokens + len(computed.blocks) * self.block_size
-        if computed.partial is not None:
-            num_computed += computed.partial.num_slots
+        hit = new_computed or PrefixCacheHit(self.empty_blocks())
+        num_computed = request.num_computed_tokens + len(hit.blocks.blocks[0]) * self.block_size
+        if hit.partial is not None:
+            num_computed += hit.partial.num_slots
         end = num_computed + num_new_tokens
-        num_new_blocks = -(-end // self.block_size) - len(held) - len(computed.blocks)
-        # Hits that sit in the free queue stop being free once we take them.
-        num_evictable_hits = sum(1 for block in computed.blocks if block.ref_cnt == 0)
-        if num_new_blocks > self.block_pool.num_free_blocks - num_evictable_hits:
-            return None
-        if self.sliding is not None:
-            plan = self.sliding.plan(request, num_computed, end, computed.sliding_blocks)
-            if not self.sliding.can_allocate(plan):
-                return None
-        self.block_pool.touch(computed.blocks)
-        held.extend(computed.blocks)
-        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
-        held.extend(new_blocks)
-        if self.enable_caching:
-            self._cache_full_blocks(request, end)
-        if self.sliding is not None:
-            self.sliding.allocate(request, num_computed, end, computed.sliding_blocks, plan)
-        if computed.partial is not None:
-            self._copy_partial(request, computed.partial, num_computed // self.block_size)
-        if computed.reuse is not None and request.num_cached_tokens < 0:
-            self.stats.add(computed.reuse)
-        return KVCacheBlocks(new_blocks)
-
-    def _copy_partial(self, request: Request, partial: PartialBlock, index: int) -> None:
-        rid, n = request.request_id, partial.num_slots
-        self.copies.append(
-            BlockCopy("full", partial.full.block_id, self.req_to_blocks[rid][index].block_id, n)
+        new_blocks = self.coordinator.allocate(
+            request, num_computed, end, hit.blocks.blocks, junctions
         )
-        if self.sliding is not None and partial.sliding is not None:
-            dst = self.sliding.req_to_blocks[rid][index]
-            assert dst is not None, "the block after the reuse point is the request's own"
-            self.copies.append(BlockCopy("sliding", partial.sliding.block_id, dst.block_id, n))
-        self.num_partial_block_copies += 1
+        if new_blocks is None:
+            return None
+        if hit.partial is not None:
+            index = num_computed // self.block_size
+            self.copies.extend(self.coordinator.copy_partial(request, hit.partial, index))
+            self.num_partial_block_copies += 1
+        if hit.reuse is not None and request.num_cached_tokens < 0:
+            self.stats.add(hit.reuse)
+        return KVCacheBlocks(new_blocks)
 
     def forget_uncomputed(self, request: Request) -> None:
         """Unregister the request's blocks from its first uncomputed token on: they were
         registered when allocated, and the step that was to write their K/V failed."""
-        first = request.num_computed_tokens // self.block_size
-        for block in self.req_to_blocks.get(request.request_id, [])[first:]:
-            self.block_pool.uncache(block)
-        self.num_cached_blocks[request.request_id] = min(
-            self.num_cached_blocks.get(request.request_id, 0), first
-        )
+        self.coordinator.full.forget_uncomputed(request)
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first, so a shared head outlives the tails."""
-        tail = self._cache_partial_tail(request) if self.enable_caching else None
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(list(reversed(blocks)))
-        if self.sliding is not None:
-            self.sliding.free(request, tail)
+        self.coordinator.free(request)
 
-    def _cache_partial_tail(self, request: Request) -> tuple[int, BlockHash, tuple] | None:
-        """Cache the computed part of the request's last, unfilled block under a hash of its
-        own (never a full block's), so a later prompt that matches it copies it (token-exact
-        reuse of a whole earlier prompt; a junction or breakpoint in that block)."""
-        size = self.block_size
-        index, num_slots = divmod(request.num_computed_tokens, size)
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        if not self.exact_reuse or not num_slots or index >= len(blocks):
-            return None
-        self._update_hashes(request)
-        tokens = tuple(request.all_token_ids[index * size : request.num_computed_tokens])
-        parent = request.block_hashes[index - 1] if index else None
-        block_hash = hash_block_tokens(parent, tokens, self._extra(request) + b"\x1fpartial")
-        self.block_pool.cache_block(
-            blocks[index], block_hash, tokens, self.parent_hash(request, index)
-        )
-        return index, block_hash, tokens
+    def pin(self, hit: PrefixCacheHit) -> tuple[tuple[KVCacheBlock, ...], ...]:
+        """Hold every block a hit resumes from (each group's, and the copy sources) until
+        `unpin`; returns them per group."""
+        groups = hit.blocks.blocks
+        sources = hit.partial.sources if hit.partial is not None else (None,) * len(groups)
+        pinned = []
+        for manager, blocks, source in zip(self.coordinator.managers, groups, sources, strict=True):
+            held = [block for block in blocks if not block.is_null]
+            if source is not None:
+                held.append(source)
+            manager.pin(held, hit.checkpoint_key)
+            pinned.append(tuple(held))
+        return tuple(pinned)
+
+    def unpin(
+        self, blocks: tuple[tuple[KVCacheBlock, ...], ...], checkpoint_key: tuple | None
+    ) -> None:
+        for manager, held in zip(self.coordinator.managers, blocks, strict=True):
+            manager.unpin(held, checkpoint_key)
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+        """The full-attention group's block table."""
+        return self.coordinator.full.get_block_ids(request_id)
 
     def get_window_block_ids(self, request_id: str) -> tuple[int, list[int]] | None:
         """Sliding group: (index of the first block in the window, block ids from there)."""
-        return self.sliding.window_block_ids(request_id) if self.sliding is not None else None
+        sliding = self.sliding
+        return sliding.window_block_ids(request_id) if sliding is not None else None
 
-    def _update_hashes(self, request: Request) -> None:
-        request.block_hashes = hash_request_blocks(
-            request.all_token_ids, self.block_size, self._extra(request), request.block_hashes
-        )
-
-    def _extra(self, request: Request) -> bytes:
-        return extra_keys(self.model_fingerprint, request.sampling_params.cache_salt)
-
-    def parent_hash(self, request: Request, index: int) -> BlockHash:
-        """Block `index`'s key in the children index: the chain hash before it, or the root of
-        the request's model and salt for the first block."""
-        return request.block_hashes[index - 1] if index else root_hash(self._extra(request))
-
-    def _live_chain(self, request: Request) -> list[KVCacheBlock]:
-        """Cached full-group blocks that start the request's tokens, as far as they go."""
-        tokens = request.all_token_ids
-        hits: list[KVCacheBlock] = []
-        for index, block_hash in enumerate(request.block_hashes):
-            start = index * self.block_size
-            block = self.block_pool.get_cached_block(
-                block_hash, tuple(tokens[start : start + self.block_size])
-            )
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def _account(
-        self,
-        request: Request,
-        chain: list[KVCacheBlock],
-        reused: int,
-        evicted_checkpoint: int,
-        reusable: int,
-    ) -> tuple[PrefixReuse, int]:
+    def _account(self, request: Request, found: LongestCacheHit) -> tuple[PrefixReuse, int]:
         """Where the prompt's tokens went (see prefix_reuse), and where it leaves the cached
         range (the matched length): past the chain, a partial match with a cached block
         continuing it, then blocks evicted since."""
         size, hashes = self.block_size, request.block_hashes
-        common = max((n for _, n in self._children(request, chain)), default=0)
-        matched = max(len(chain) * size + common, reusable)
+        full, chain = self.coordinator.full, found.match.chain
+        common = max((n for _, n in full.children(request, chain)), default=0)
+        matched = max(len(chain) * size + common, found.match.num_reusable)
         evicted_upto = matched
-        if len(chain) < len(hashes) and self.block_pool.was_evicted(hashes[len(chain)]):
+        if len(chain) < len(hashes) and full.block_pool.was_evicted(hashes[len(chain)]):
             index = len(chain)
-            while index < len(hashes) and self.block_pool.was_evicted(hashes[index]):
+            while index < len(hashes) and full.block_pool.was_evicted(hashes[index]):
                 index += 1
             evicted_upto = max(index * size, matched)
         reuse = PrefixReuse.from_positions(
             request.num_tokens,
-            reused=reused,
-            checkpoint_evicted_upto=evicted_checkpoint,
-            reusable=reusable,
+            reused=found.position,
+            checkpoint_evicted_upto=found.evicted_position,
+            reusable=found.match.num_reusable,
             matched=matched,
             evicted_upto=evicted_upto,
+            source=self._source(found),
         )
         return reuse, matched
-
-    def _cache_full_blocks(self, request: Request, num_tokens_after_step: int) -> None:
-        """Register the blocks that will be full once this step has run."""
-        num_full = min(num_tokens_after_step, request.num_tokens) // self.block_size
-        first = self.num_cached_blocks.get(request.request_id, 0)
-        if num_full <= first:
-            return
-        self._update_hashes(request)
-        blocks = self.req_to_blocks[request.request_id]
-        tokens = request.all_token_ids
-        for index in range(first, num_full):
-            start = index * self.block_size
-            self.block_pool.cache_block(
-                blocks[index],
-                request.block_hashes[index],
-                tuple(tokens[start : start + self.block_size]),
-                self.parent_hash(request, index),
-            )
-        self.num_cached_blocks[request.request_id] = num_full

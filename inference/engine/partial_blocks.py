@@ -20,16 +20,15 @@ from inference.engine.hashing import BlockHash
 @dataclass(slots=True)
 class PartialBlock:
     """The reuse point P lies inside a block: copy the first `num_slots` slots of these cached
-    blocks (one per group) into the request's fresh block at index P // block_size."""
+    blocks (one per KV cache group) into the request's fresh block at index P // block_size."""
 
-    full: KVCacheBlock
-    sliding: KVCacheBlock | None
+    sources: tuple[KVCacheBlock, ...]
     num_slots: int
 
 
 @dataclass(slots=True)
 class BlockCopy:
-    group: str  # "full" or "sliding"
+    group: str  # the KV cache group's kind: "full" or "sliding"
     src_block_id: int
     dst_block_id: int
     num_slots: int
@@ -56,23 +55,17 @@ def partial_source(
     chain: list[KVCacheBlock],
     children: list[tuple[KVCacheBlock, int]],
     position: int,
-    sliding: KVCacheBlock | None,
     block_size: int,
-) -> PartialBlock | None:
-    """The full-group source of a reuse point inside a block, if computed before this step:
+) -> KVCacheBlock | None:
+    """The full group's source of a reuse point inside a block, if computed before this step:
     a chain block (the point is capped before the prompt's last token) or a matching child
-    (on a hybrid model, the one whose hash keys the window checkpoint there)."""
+    (on a hybrid model, the children are narrowed to the one keying the window checkpoint)."""
     index, offset = divmod(position, block_size)
     if index < len(chain):
         source = chain[index]
     else:
-        wanted = sliding.block_hash if sliding is not None else None
-        matches = [
-            block
-            for block, n in children
-            if n >= offset and pool.is_ready(block) and wanted in (None, block.block_hash)
-        ]
+        matches = [block for block, n in children if n >= offset and pool.is_ready(block)]
         source = matches[0] if matches else None
     if source is None or not pool.is_ready(source):
         return None
-    return PartialBlock(source, sliding, offset)
+    return source

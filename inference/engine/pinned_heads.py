@@ -26,8 +26,8 @@ class PinnedHead:
     num_tokens: int  # the head's length
     num_pinned_tokens: int  # how much of it a later prompt resumes from (the whole head)
     head_hash: str  # hex chain hash of the head's last whole block ("" if shorter than one)
-    full_blocks: tuple[KVCacheBlock, ...] = field(repr=False, default=())
-    sliding_blocks: tuple[KVCacheBlock, ...] = field(repr=False, default=())
+    # The blocks it holds, per KV cache group (the full-attention group first).
+    blocks: tuple[tuple[KVCacheBlock, ...], ...] = field(repr=False, default=())
     checkpoint_key: tuple | None = field(repr=False, default=None)
 
 
@@ -39,13 +39,13 @@ class PinnedHeads:
         self._ids = itertools.count(1)
 
     def num_pinned_blocks(self) -> int:
-        return sum(len(h.full_blocks) + len(h.sliding_blocks) for h in self.heads.values())
+        return sum(len(group) for h in self.heads.values() for group in h.blocks)
 
     def check_room(self, num_tokens: int) -> None:
         """ValueError when a head of `num_tokens` would push the full group's pinned blocks
         past the configured share (checked before computing it)."""
         pool = self.manager.block_pool
-        pinned = sum(len(h.full_blocks) for h in self.heads.values())
+        pinned = sum(len(h.blocks[0]) for h in self.heads.values())
         needed = -(-num_tokens // self.manager.block_size)
         allowed = int(self.max_fraction * pool.num_blocks)
         if pinned + needed > allowed:
@@ -63,22 +63,8 @@ class PinnedHeads:
         # A probe whose prompt is the head plus one token: it may resume at the head's end.
         probe = Request("pin", [*token_ids, 0], SamplingParams(max_tokens=1, cache_salt=cache_salt))
         probe.num_cached_tokens = 0  # a probe, not accounted
-        hits, num_tokens = manager.get_computed_blocks(probe)
-        full = list(hits.blocks)
-        sliding = list(hits.sliding_blocks)
-        if hits.partial is not None:
-            full.append(hits.partial.full)
-            if hits.partial.sliding is not None:
-                sliding.append(hits.partial.sliding)
-        manager.block_pool.touch(full)
-        counts = manager.pinned_block_ids
-        for block in full:
-            counts[block.block_id] = counts.get(block.block_id, 0) + 1
-        if manager.sliding is not None:
-            manager.sliding.block_pool.touch(sliding)
-            if hits.checkpoint_key is not None:
-                pins = manager.sliding.pinned
-                pins[hits.checkpoint_key] = pins.get(hits.checkpoint_key, 0) + 1
+        hit, num_tokens = manager.get_computed_blocks(probe)
+        blocks = manager.pin(hit)
         hashes = probe.block_hashes
         whole = len(token_ids) // manager.block_size
         head = PinnedHead(
@@ -86,9 +72,8 @@ class PinnedHeads:
             len(token_ids),
             num_tokens,
             hashes[whole - 1].hex() if whole else "",
-            tuple(full),
-            tuple(sliding),
-            hits.checkpoint_key,
+            blocks,
+            hit.checkpoint_key,
         )
         self.heads[head.handle] = head
         return head
@@ -98,18 +83,4 @@ class PinnedHeads:
         head = self.heads.pop(key, None)
         if head is None:
             raise ValueError(f"no pinned head with handle {key!r} (already unpinned?)")
-        manager = self.manager
-        manager.block_pool.free_blocks(list(reversed(head.full_blocks)))
-        for block in head.full_blocks:
-            count = manager.pinned_block_ids[block.block_id] - 1
-            if count:
-                manager.pinned_block_ids[block.block_id] = count
-            else:
-                del manager.pinned_block_ids[block.block_id]
-        if manager.sliding is not None:
-            manager.sliding.block_pool.free_blocks(list(reversed(head.sliding_blocks)))
-            if head.checkpoint_key is not None:
-                pins = manager.sliding.pinned
-                pins[head.checkpoint_key] -= 1
-                if not pins[head.checkpoint_key]:
-                    del pins[head.checkpoint_key]
+        self.manager.unpin(head.blocks, head.checkpoint_key)

@@ -29,6 +29,8 @@ class PrefixReuse:
     num_lost_to_alignment: int = 0
     num_lost_to_eviction: int = 0
     num_cold_tokens: int = 0
+    # What the reuse point came from: none | block_chain | breakpoint | junction | pinned
+    source: str = "none"
 
     @classmethod
     def cold(cls, num_prompt_tokens: int) -> PrefixReuse:
@@ -44,6 +46,7 @@ class PrefixReuse:
         reusable: int,
         matched: int,
         evicted_upto: int,
+        source: str = "none",
     ) -> PrefixReuse:
         """Positions R ≤ Q ≤ H ≤ M ≤ E ≤ prompt length, as in the module docstring."""
         r, q, h, m, e = reused, checkpoint_evicted_upto, reusable, matched, evicted_upto
@@ -55,4 +58,5 @@ class PrefixReuse:
             num_lost_to_alignment=m - h,
             num_lost_to_eviction=(q - r) + (e - m),
             num_cold_tokens=num_prompt_tokens - e,
+            source=source,
         )

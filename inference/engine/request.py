@@ -54,14 +54,8 @@ class Request:
     num_forced_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     # Token-exact positions where the window state is kept while prefilling (hybrid models):
-    # declared breakpoints (sampling params, chat messages marked "cache"), and junctions found
-    # on admission or set by the scheduler for requests that wait on this one's head.
+    # declared breakpoints (sampling params, chat messages marked "cache").
     cache_breakpoints: list[int] = field(default_factory=list)
-    junction_positions: list[int] = field(default_factory=list)
-    # Checkpoints inside a block, recorded once that block is full (its hash is the key).
-    pending_checkpoints: list[tuple[int, str]] = field(default_factory=list)
-    # What the reuse point came from: none | block_chain | breakpoint | junction | pinned
-    reuse_source: str = "none"
     output_text: str = ""
     # Set when this request alone failed in the engine (sampling, its grammar, detokenizing, a
     # stop check): it is finished and its caller gets this error; the others go on.
@@ -88,6 +82,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def reuse_source(self) -> str:
+        """What the reuse point came from: none | block_chain | breakpoint | junction | pinned"""
+        return self.reuse.source if self.reuse is not None else "none"
 
     def append_output_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)

@@ -14,6 +14,7 @@ anywhere resumes exactly where it leaves, with no record needed there (`keeps_ev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,16 +56,19 @@ class RetentionPolicy:
             return "dense"
         return "prompt end" if self.interval == 0 else f"every {self.interval} tokens"
 
-    def checkpoint_positions(self, request: Request, start: int, end: int) -> list[tuple[int, str]]:
+    def checkpoint_positions(
+        self, request: Request, start: int, end: int, junctions: Sequence[int] = ()
+    ) -> list[tuple[int, str]]:
         """(P, kind) for the positions P in (start, end] where a checkpoint of the window ending
         at P is kept once tokens [0, P) are computed, in order. kind: "retention" (the grid, on
-        block boundaries), "breakpoint" (declared by the request) or "junction" (where it
-        diverges from a cached prompt, or where requests waiting with it share a head)."""
+        block boundaries), "breakpoint" (declared by the request) or "junction" (`junctions`,
+        from the scheduler: where the request diverges from a cached prompt, or where requests
+        waiting with it share a head)."""
         if end <= start:
             return []
         kinds: dict[int, str] = {}
         size = 1 if self.exact else self.block_size
-        for position in request.junction_positions:
+        for position in junctions:
             kinds[position // size * size] = "junction"
         for position in request.cache_breakpoints:
             kinds[position // size * size] = "breakpoint"

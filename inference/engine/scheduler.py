@@ -76,6 +76,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefill_tokens = 0
         self.reuse_sources: dict[str, int] = {}
+        # Request id → where it keeps its window state while it prefills (hybrid models),
+        # handed to every allocation: junctions its lookup found, and shared heads that
+        # requests waiting on it resume from. Kept across preemption; dropped when finished.
+        self.junctions: dict[str, list[int]] = {}
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -95,8 +99,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            junctions = self.junctions.get(request.request_id, ())
             while True:
-                new_blocks = manager.allocate_slots(request, num_new)
+                new_blocks = manager.allocate_slots(request, num_new, junctions=junctions)
                 if new_blocks is not None:
                     break
                 victim = self.running.pop()
@@ -115,19 +120,18 @@ class Scheduler:
                 break  # out of budget or seats; or memory is short this step: admit no more
             if request.request_id in held:
                 continue  # its head is being computed by a request ahead of it
-            computed_blocks, num_hit_tokens = manager.get_computed_blocks(request)
+            hit, num_hit_tokens = manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
-            junction = computed_blocks.junction
-            if junction and junction not in request.junction_positions:
-                request.junction_positions.append(junction)  # kept while it prefills past it
-            if manager.allocate_slots(request, num_new, computed_blocks) is None:
+            if hit.junction:  # kept while it prefills past it
+                self._add_junction(request, hit.junction)
+            junctions = self.junctions.get(request.request_id, ())
+            if manager.allocate_slots(request, num_new, hit, junctions) is None:
                 break
             self.waiting.remove(request)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
-                request.reuse = computed_blocks.reuse
-                request.reuse_source = computed_blocks.reuse_source
+                request.reuse = hit.reuse
                 self.reuse_sources[request.reuse_source] = (
                     self.reuse_sources.get(request.reuse_source, 0) + 1
                 )
@@ -146,11 +150,17 @@ class Scheduler:
         point (a junction), so the followers resume there once it is computed."""
         candidates = list(self.waiting)[: 4 * self.max_num_seqs]
         prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
-        followers = find_followers(prefilling, candidates, self.kv_cache_manager.block_size)
+        followers = find_followers(
+            prefilling, candidates, self.kv_cache_manager.block_size, self.junctions
+        )
         for leader, shared in followers.values():
-            if shared not in leader.junction_positions:
-                leader.junction_positions.append(shared)
+            self._add_junction(leader, shared)
         return set(followers)
+
+    def _add_junction(self, request: Request, position: int) -> None:
+        junctions = self.junctions.setdefault(request.request_id, [])
+        if position not in junctions:
+            junctions.append(position)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         manager = self.kv_cache_manager
@@ -168,6 +178,7 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv_cache_manager.free(request)
+        self.junctions.pop(request.request_id, None)
 
     def _preempt(self, request: Request) -> None:
         """Free everything and start over later; the tokens so far are kept and recomputed."""

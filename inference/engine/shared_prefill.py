@@ -13,6 +13,8 @@ progress, so holding cannot deadlock, and a held request delays no one behind it
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from inference.engine.request import Request
@@ -24,22 +26,27 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-def _is_ahead(leader: Request, shared: int, block_size: int) -> bool:
+def _is_ahead(leader: Request, shared: int, block_size: int, junctions: Sequence[int]) -> bool:
     """The leader has not computed the shared part yet: it has not reached it (it will keep a
-    checkpoint there), or it passed it with that checkpoint set and the block holding it is
-    not full yet (the checkpoint is recorded when it is, or when the leader's prompt ends)."""
+    checkpoint there), or it passed it with that checkpoint set (among its `junctions`) and the
+    block holding it is not full yet (the checkpoint is recorded when it is, or when the
+    leader's prompt ends)."""
     if leader.num_computed_tokens < shared:
         return True
     ready_at = min(-(-shared // block_size) * block_size, leader.num_prompt_tokens)
-    return shared in leader.junction_positions and leader.num_computed_tokens < ready_at
+    return shared in junctions and leader.num_computed_tokens < ready_at
 
 
 def find_followers(
-    prefilling: list[Request], waiting: list[Request], block_size: int
+    prefilling: list[Request],
+    waiting: list[Request],
+    block_size: int,
+    junctions: Mapping[str, Sequence[int]],
 ) -> dict[str, tuple[Request, int]]:
     """{follower id: (leader, shared length)} for the waiting requests (in queue order) whose
     longest shared head with a request ahead of them (running and still prefilling, or
     earlier in the queue and not itself a follower) is at least a block and not computed yet.
+    `junctions`: request id → where it keeps its window state (the scheduler's).
     """
     leaders = list(prefilling)
     arrays = {r.request_id: np.asarray(r.prompt_token_ids) for r in (*prefilling, *waiting)}
@@ -56,7 +63,11 @@ def find_followers(
                 best, shared = leader, n
         # Ready once the block holding the shared point is full (its checkpoint is keyed by
         # that block's hash) or the leader's prompt is done.
-        if best is not None and shared >= block_size and _is_ahead(best, shared, block_size):
+        if (
+            best is not None
+            and shared >= block_size
+            and _is_ahead(best, shared, block_size, junctions.get(best.request_id, ()))
+        ):
             followers[request.request_id] = (best, shared)
         else:
             leaders.append(request)

@@ -1,10 +1,12 @@
-"""The sliding-window KV group: per-request windows of blocks, and window checkpoints.
+"""The sliding-window KV cache group's manager (a SingleTypeKVCacheManager): per-request
+windows of blocks, and window checkpoints.
 
 A sliding layer's query at position p reads keys in (p - W, p], so a running request holds
 only the blocks from `first_needed_block(start)` on (start: its first query this step); older
 ones are released as the window moves, which bounds its memory by the window plus one prefill
-chunk. Its block table keeps None in the released places, so block index i still covers
-tokens [i·B, (i+1)·B) as in the full-attention group, and both groups share the chain hashes.
+chunk. Its block table keeps the pool's null block in the released places, so block index i
+still covers tokens [i·B, (i+1)·B) as in the full-attention group, and both groups share the
+chain hashes.
 
 A window checkpoint at P (a multiple of B) is the window's blocks before P, kept cached
 (hashed, ref-counted, evictable in LRU order like any block) plus a record, keyed by the chain
@@ -25,38 +27,26 @@ On a boundary the key is (hash of block P/B - 1, B), and nothing is copied.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from inference.engine.block_pool import BlockPool, KVCacheBlock
-from inference.engine.hashing import BlockHash
+from inference.engine.block_pool import KVCacheBlock
+from inference.engine.hashing import BlockHash, BlockHasher
 from inference.engine.request import Request
 from inference.engine.retention import RetentionPolicy
+from inference.engine.single_type_kv_cache_manager import (
+    AllocationPlan,
+    GroupHit,
+    PartialTail,
+    PrefixMatch,
+    SingleTypeKVCacheManager,
+)
 
 CheckpointKey = tuple[BlockHash, int]  # (hash of the block holding P - 1, P - that block's start)
 
 
-@dataclass(slots=True)
-class CheckpointLookup:
-    position: int  # the reuse point: 0 when no checkpoint was found
-    blocks: list[KVCacheBlock]  # the window's whole blocks before it
-    evicted_position: int  # the largest position above it whose checkpoint was evicted, else 0
-    # P inside a block: that cached block, whose first P mod B slots are copied (else None)
-    partial: KVCacheBlock | None = None
-    kind: str = "retention"  # the record's kind (see RetentionPolicy.checkpoint_positions)
-    key: CheckpointKey | None = None
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    kind = "sliding"
 
-
-@dataclass(slots=True)
-class WindowPlan:
-    """What an allocation would do to a request's window, checked before anything changes."""
-
-    num_release: int  # leading blocks out of the window now
-    num_new_blocks: int
-    num_needed_free: int  # free blocks it needs, counting the ones the release returns
-
-
-class SlidingWindowManager:
     def __init__(
         self,
         num_blocks: int,
@@ -64,16 +54,12 @@ class SlidingWindowManager:
         window: int,
         policy: RetentionPolicy,
         enable_caching: bool,
-        parent_hash: Callable[[Request, int], BlockHash],
+        hasher: BlockHasher,
         max_checkpoints: int | None = None,
     ) -> None:
-        self.block_size = block_size
-        self.parent_hash = parent_hash  # a block's key in the children index (as the full group)
+        super().__init__(num_blocks, block_size, enable_caching, hasher)
         self.window = window
         self.policy = policy
-        self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock | None]] = {}
         # key at P → P, least recently recorded or hit first; bounded, and an entry whose
         # blocks were evicted stays (it tells a miss that it was an eviction). Pinned ones stay.
         self.checkpoints: OrderedDict[CheckpointKey, int] = OrderedDict()
@@ -84,6 +70,9 @@ class SlidingWindowManager:
         self.max_checkpoints = max_checkpoints or max(1024, 4 * num_blocks)
         # request → block index below which its window's blocks are already hashed
         self.num_hashed: dict[str, int] = {}
+        # request → checkpoints inside a block, recorded once that block is full (its hash is
+        # the key): (position, kind)
+        self.pending: dict[str, list[tuple[int, str]]] = {}
 
     def first_needed_block(self, position: int) -> int:
         """The first block a query at `position` (or later) still reads."""
@@ -91,34 +80,29 @@ class SlidingWindowManager:
 
     # ---- lookup -------------------------------------------------------------------------
 
-    def find_checkpoint(
-        self,
-        request: Request,
-        max_position: int,
-        num_chain: int | None = None,
-        children: list[tuple[BlockHash, int]] = (),
-    ) -> CheckpointLookup:
-        """The largest recorded P ≤ max_position whose window blocks are all still cached.
+    def find_longest_cache_hit(
+        self, request: Request, match: PrefixMatch, max_length: int
+    ) -> GroupHit:
+        """The largest recorded P ≤ max_length whose window blocks are all still cached.
 
-        `num_chain`: how many of the request's leading blocks the full group holds (default:
-        every full block up to max_position); `children`: (hash, matching tokens) of the cached
-        blocks that continue that chain, where a checkpoint inside a block may be found.
+        Within the full group's match: block i's checkpoints for i below the chain's end, and
+        the ones inside the cached blocks that continue the chain (as far as each matches).
         """
         evicted = 0
         size = self.block_size
         every_position = self.policy.keeps_every_position
-        if num_chain is None:
-            num_chain = max_position // size
-        for index in range((max_position - 1) // size, -1, -1):
+        num_chain = len(match.chain)
+        children = [(block.block_hash, n) for block, n in match.children]
+        for index in range((max_length - 1) // size, -1, -1):
             if index < num_chain:
                 candidates = [(request.block_hashes[index], size)]
             elif index == num_chain:
-                candidates = list(children)
+                candidates = children
             else:
                 continue
-            best: CheckpointLookup | None = None
+            best: GroupHit | None = None
             for block_hash, matching in candidates:
-                limit = min(matching, max_position - index * size)
+                limit = min(matching, max_length - index * size)
                 recorded = self.offsets.get(block_hash, set())
                 offsets = sorted(recorded, reverse=True)
                 if every_position and limit > 0 and limit not in recorded:
@@ -137,19 +121,20 @@ class SlidingWindowManager:
                     self.checkpoints.move_to_end(best.key)
                 best.evicted_position = evicted
                 return best
-        return CheckpointLookup(0, [], evicted)
+        return GroupHit(0, [], evicted_position=evicted)
 
     def _checkpoint_at(
         self, request: Request, index: int, block_hash: BlockHash, offset: int
-    ) -> CheckpointLookup | None:
+    ) -> GroupHit | None:
         """The checkpoint (block_hash, offset) ending inside block `index`, if all its window
         blocks are cached (and, inside a block, computed before this step: it is copied)."""
         size = self.block_size
         position = index * size + offset
         key = (block_hash, offset)
         tokens = request.all_token_ids
-        blocks = []
-        for i in range(self.first_needed_block(position), index):
+        first = self.first_needed_block(position)
+        blocks = [self.block_pool.null_block] * first
+        for i in range(first, index):
             block = self.block_pool.get_cached_block(
                 request.block_hashes[i], tuple(tokens[i * size : (i + 1) * size])
             )
@@ -161,29 +146,27 @@ class SlidingWindowManager:
             return None
         kind = self.checkpoint_kinds.get(key, "retention")
         if offset == size:
-            return CheckpointLookup(position, [*blocks, last], 0, None, kind, key)
+            return GroupHit(position, [*blocks, last], None, 0, kind, key)
         if not self.block_pool.is_ready(last):
             return None
-        return CheckpointLookup(position, blocks, 0, last, kind, key)
+        return GroupHit(position, blocks, last, 0, kind, key)
 
     # ---- allocation (plan, then commit) ---------------------------------------------------
 
     def plan(
         self, request: Request, num_computed: int, end: int, hits: list[KVCacheBlock]
-    ) -> WindowPlan:
+    ) -> AllocationPlan:
         table = self.req_to_blocks.get(request.request_id)
         first = self.first_needed_block(num_computed)
-        releasable = [block for block in (table or [])[:first] if block is not None]
-        # Admission: the table starts as long as the reuse point (None, then the hits).
+        # Leading blocks out of the window now: the ones only this request holds come back.
+        releasable = [block for block in (table or [])[:first] if not block.is_null]
+        # Admission: the table starts as long as the reuse point (the hits, null-padded).
         num_table = len(table) if table is not None else num_computed // self.block_size
         num_new = max(-(-end // self.block_size) - num_table, 0)
         num_returned = sum(1 for block in releasable if block.ref_cnt == 1)
         # Hits that sit in the free queue stop being free once we take them.
-        num_evictable_hits = sum(1 for block in hits if block.ref_cnt == 0)
-        return WindowPlan(len(releasable), num_new, num_new + num_evictable_hits - num_returned)
-
-    def can_allocate(self, plan: WindowPlan) -> bool:
-        return plan.num_needed_free <= self.block_pool.num_free_blocks
+        num_needed = num_new + self.block_pool.num_evictable(hits) - num_returned
+        return AllocationPlan(num_new, num_needed)
 
     def allocate(
         self,
@@ -191,62 +174,83 @@ class SlidingWindowManager:
         num_computed: int,
         end: int,
         hits: list[KVCacheBlock],
-        plan: WindowPlan,
-    ) -> None:
+        plan: AllocationPlan,
+        junctions: Sequence[int],
+    ) -> list[KVCacheBlock]:
         rid = request.request_id
         table = self.req_to_blocks.get(rid)
         if table is None:  # admitted: the window before the reuse point is the hits
-            table = [None] * (num_computed // self.block_size - len(hits)) + list(hits)
+            null = self.block_pool.null_block
+            table = [null] * (num_computed // self.block_size - len(hits)) + list(hits)
             self.block_pool.touch(hits)
             self.req_to_blocks[rid] = table
             self.num_hashed[rid] = len(table)
         self._release(table, self.first_needed_block(num_computed))
-        table.extend(self.block_pool.get_new_blocks(plan.num_new_blocks))
+        new_blocks = self.block_pool.get_new_blocks(plan.num_new_blocks)
+        table.extend(new_blocks)
         if self.enable_caching:
-            self._record_checkpoints(request, num_computed, min(end, request.num_tokens))
+            end = min(end, request.num_tokens)
+            self._record_checkpoints(request, num_computed, end, junctions)
+        return new_blocks
 
-    def free(self, request: Request, tail: tuple[int, BlockHash, tuple] | None = None) -> None:
+    def free(self, request: Request, tail: PartialTail | None) -> None:
         """Release every block, newest first; the ones no checkpoint holds are reused first.
 
-        `tail`: (index, hash, tokens) of the request's unfilled last block, cached in the full
-        group; checkpoints still pending inside it are recorded against it now.
+        `tail`: the request's unfilled last block, cached in the full group; checkpoints still
+        pending inside it are recorded against it now.
         """
         table = self.req_to_blocks.get(request.request_id, [])
         if tail is not None and self.enable_caching:
             self._record_in_tail(request, table, *tail)
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_hashed.pop(request.request_id, None)
-        request.pending_checkpoints = []
-        held = [block for block in reversed(table) if block is not None]
+        self.pending.pop(request.request_id, None)
+        held = [block for block in reversed(table) if not block.is_null]
         self.block_pool.free_blocks(held, uncached_first=True)
+
+    def pin(self, blocks: list[KVCacheBlock], checkpoint_key: tuple | None) -> None:
+        """Also keep the checkpoint record: it is never dropped from the bounded index."""
+        super().pin(blocks, checkpoint_key)
+        if checkpoint_key is not None:
+            self.pinned[checkpoint_key] = self.pinned.get(checkpoint_key, 0) + 1
+
+    def unpin(self, blocks: Sequence[KVCacheBlock], checkpoint_key: tuple | None) -> None:
+        super().unpin(blocks, checkpoint_key)
+        if checkpoint_key is not None:
+            self.pinned[checkpoint_key] -= 1
+            if not self.pinned[checkpoint_key]:
+                del self.pinned[checkpoint_key]
 
     def window_block_ids(self, request_id: str) -> tuple[int, list[int]]:
         """(index of the first held block, the held blocks' ids from there on)."""
         table = self.req_to_blocks.get(request_id, [])
-        first = next((i for i, block in enumerate(table) if block is not None), len(table))
-        return first, [block.block_id for block in table[first:]]  # type: ignore[union-attr]
+        first = next((i for i, block in enumerate(table) if not block.is_null), len(table))
+        return first, [block.block_id for block in table[first:]]
 
     def num_held_blocks(self, request_id: str) -> int:
-        return sum(block is not None for block in self.req_to_blocks.get(request_id, []))
+        return sum(not block.is_null for block in self.req_to_blocks.get(request_id, []))
 
     # ---- internals ------------------------------------------------------------------------
 
-    def _release(self, table: list[KVCacheBlock | None], first_needed: int) -> None:
+    def _release(self, table: list[KVCacheBlock], first_needed: int) -> None:
         released = []
         for index in range(min(first_needed, len(table))):
-            if table[index] is not None:
+            if not table[index].is_null:
                 released.append(table[index])
-                table[index] = None
+                table[index] = self.block_pool.null_block
         # Newest first, as `free` does: uncached blocks then sit at the queue's head in order.
         self.block_pool.free_blocks(released[::-1], uncached_first=True)
 
-    def _record_checkpoints(self, request: Request, start: int, end: int) -> None:
+    def _record_checkpoints(
+        self, request: Request, start: int, end: int, junctions: Sequence[int]
+    ) -> None:
         """Hash the window before each checkpoint position reached this step and record it;
         one inside a block waits (pending) until that block is full and has its hash."""
         size = self.block_size
         rid = request.request_id
         table = self.req_to_blocks[rid]
-        for position, kind in self.policy.checkpoint_positions(request, start, end):
+        waiting = self.pending.setdefault(rid, [])
+        for position, kind in self.policy.checkpoint_positions(request, start, end, junctions):
             last = position // size
             for index in range(max(self.first_needed_block(position), self.num_hashed[rid]), last):
                 self._cache(request, table, index)
@@ -254,45 +258,48 @@ class SlidingWindowManager:
             if position % size == 0:
                 self._record((request.block_hashes[last - 1], size), position, kind)
             else:
-                request.pending_checkpoints.append((position, kind))
+                waiting.append((position, kind))
         pending = []
-        for position, kind in request.pending_checkpoints:
+        for position, kind in waiting:
             index = position // size
             if (index + 1) * size <= end and index < len(request.block_hashes):
                 self._cache(request, table, index)
                 self._record((request.block_hashes[index], position % size), position, kind)
             else:
                 pending.append((position, kind))
-        request.pending_checkpoints = pending
+        self.pending[rid] = pending
 
     def _record_in_tail(
         self,
         request: Request,
-        table: list[KVCacheBlock | None],
+        table: list[KVCacheBlock],
         index: int,
         block_hash: BlockHash,
         tokens: tuple,
     ) -> None:
         pending = [
-            (p, kind) for p, kind in request.pending_checkpoints if p // self.block_size == index
+            (p, kind)
+            for p, kind in self.pending.get(request.request_id, [])
+            if p // self.block_size == index
         ]
-        block = table[index] if index < len(table) else None
-        if block is None or not (pending or self.policy.keeps_every_position):
+        block = table[index] if index < len(table) else self.block_pool.null_block
+        if block.is_null or not (pending or self.policy.keeps_every_position):
             return
-        self.block_pool.cache_block(block, block_hash, tokens, self.parent_hash(request, index))
+        parent = self.hasher.parent_hash(request, index)
+        self.block_pool.cache_block(block, block_hash, tokens, parent)
         for position, kind in pending:
             if position - index * self.block_size <= len(tokens):
                 self._record((block_hash, position % self.block_size), position, kind)
 
-    def _cache(self, request: Request, table: list[KVCacheBlock | None], index: int) -> None:
+    def _cache(self, request: Request, table: list[KVCacheBlock], index: int) -> None:
         block = table[index]
-        assert block is not None, "a checkpoint's window must still be held"
+        assert not block.is_null, "a checkpoint's window must still be held"
         size = self.block_size
         self.block_pool.cache_block(
             block,
             request.block_hashes[index],
             tuple(request.all_token_ids[index * size : (index + 1) * size]),
-            self.parent_hash(request, index),
+            self.hasher.parent_hash(request, index),
         )
 
     def _record(self, key: CheckpointKey, position: int, kind: str) -> None:

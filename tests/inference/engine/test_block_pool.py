@@ -112,3 +112,18 @@ def test_uncached_blocks_can_go_to_the_head_of_the_free_queue():
     pool.free_blocks([a, b, c], uncached_first=True)
     # b, c hold nothing cacheable: handed out first, before block 3 and the cached block 0.
     assert pool.free_queue.block_ids() == [2, 1, 3, 0]
+
+
+def test_the_null_block_is_outside_the_pool_and_never_taken_or_freed():
+    pool = BlockPool(3)
+    null = pool.null_block
+    assert null.is_null and null not in pool.blocks and pool.num_blocks == 3
+    a = pool.get_new_blocks(1)[0]
+    pool.free_blocks([a])  # a is free and cached-less: a hit on it would take free space
+    hits = [null, null, a]
+    assert pool.num_evictable(hits) == 1
+    pool.touch(hits)
+    assert (a.ref_cnt, null.ref_cnt, pool.num_free_blocks) == (1, 0, 2)
+    pool.free_blocks(hits)
+    assert (a.ref_cnt, null.ref_cnt) == (0, 0)
+    assert pool.free_queue.block_ids() == [1, 2, 0]

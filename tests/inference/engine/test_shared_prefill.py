@@ -50,7 +50,19 @@ def test_followers_wait_only_for_an_unfinished_leader():
     b = Request("b", [*head, 3, 4], SamplingParams())
     c = Request("c", [*head[:10], 5], SamplingParams())  # shares less than a block: leads
     other = Request("d", [*head, 6], SamplingParams(cache_salt="tenant"))  # another tenant
-    followers = find_followers([], [a, b, c, other], block_size=16)
+    followers = find_followers([], [a, b, c, other], block_size=16, junctions={})
     assert followers == {"b": (a, 64)}
     a.num_computed_tokens = 64  # the leader computed the shared part in an earlier step
-    assert find_followers([a], [b], block_size=16) == {}
+    assert find_followers([a], [b], block_size=16, junctions={}) == {}
+
+
+def test_a_follower_waits_until_the_block_holding_the_leaders_junction_is_full():
+    head = list(range(100, 170))  # 70 tokens: the shared point lies inside block 4
+    a = Request("a", [*head, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams())
+    b = Request("b", [*head, 11, 12], SamplingParams())
+    a.num_computed_tokens = 75  # past the shared point, short of the block's end (80)
+    assert find_followers([a], [b], block_size=16, junctions={"a": [70]}) == {"b": (a, 70)}
+    # Without a junction there, no checkpoint is coming: b is admitted at once.
+    assert find_followers([a], [b], block_size=16, junctions={"a": [64]}) == {}
+    a.num_computed_tokens = 80
+    assert find_followers([a], [b], block_size=16, junctions={"a": [70]}) == {}

@@ -81,9 +81,10 @@ def test_reuse_point_is_the_last_checkpoint_the_full_chain_covers():
     b = make_request("b", [*range(36), 90, 91, 92, 93, 94, 95, 96, 97, 98])
     hits, num_hit = manager.get_computed_blocks(b)
     assert num_hit == 32
-    assert hits.block_ids == list(range(8))  # a's full blocks 0..7
-    # The window before 32: blocks 6, 7 of a's sliding table (ids 4, 5).
-    assert [block.block_id for block in hits.sliding_blocks] == [4, 5]
+    full_ids, window_ids_ = hits.blocks.get_block_ids()
+    assert full_ids == list(range(8))  # a's full blocks 0..7
+    # The window before 32: blocks 6, 7 of a's sliding table (ids 4, 5); the null block before.
+    assert window_ids_ == [-1] * 6 + [4, 5]
     reuse = hits.reuse
     assert (reuse.num_reused_tokens, reuse.num_lost_to_retention) == (32, 4)
     assert (reuse.num_lost_to_alignment, reuse.num_cold_tokens) == (0, 9)
@@ -230,4 +231,41 @@ def test_checkpoints_are_evicted_least_recently_used_first():
     hits, num_hit = manager.get_computed_blocks(make_request("c2", [*range(100, 112), 60]))
     assert num_hit == 0 and hits.reuse.num_lost_to_eviction == 12
     hits, num_hit = manager.get_computed_blocks(make_request("a2", [*range(12), 61]))
-    assert num_hit == 12 and [blk.block_id for blk in hits.sliding_blocks] == [1, 2]
+    assert num_hit == 12 and hits.blocks.get_block_ids()[1] == [-1, 1, 2]
+
+
+def test_junctions_handed_to_allocation_keep_the_window_there_token_exact():
+    manager = KVCacheManager(
+        32, BLOCK, True, "test", sliding_window=8, retention_interval=16, exact_reuse=True
+    )
+    a = make_request("a", range(20))
+    hits, _ = manager.get_computed_blocks(a)
+    a.num_cached_tokens, a.reuse = 0, hits.reuse
+    # The scheduler's junction at 10 (inside block 2): recorded once block 2 is full.
+    assert manager.allocate_slots(a, 8, hits, junctions=[10]) is not None
+    a.num_computed_tokens = 8
+    assert manager.sliding.checkpoints == {}
+    assert manager.allocate_slots(a, 12, junctions=[10]) is not None
+    a.num_computed_tokens = 20
+    assert sorted(manager.sliding.checkpoints.values()) == [10, 16]
+    assert manager.sliding.num_junction_checkpoints == 1
+    manager.new_step()  # a's blocks are computed: their slots can be copied
+    b = make_request("b", [*range(10), 99, 98, 97])
+    hits, num_hit = manager.get_computed_blocks(b)
+    assert num_hit == 10 and hits.reuse.source == "junction"
+    assert hits.partial is not None and hits.partial.num_slots == 2
+    assert hits.blocks.get_block_ids() == ([0, 1], [0, 1])
+    assert manager.allocate_slots(b, 3, hits) is not None
+    # Tokens 8, 9 of a's block 2, in each group, into b's fresh block 5.
+    copies = [(c.group, c.src_block_id, c.dst_block_id, c.num_slots) for c in manager.take_copies()]
+    assert copies == [("full", 2, 5, 2), ("sliding", 2, 5, 2)]
+
+
+def test_without_the_junction_the_same_prompts_resume_on_the_grid_only():
+    manager = KVCacheManager(
+        32, BLOCK, True, "test", sliding_window=8, retention_interval=16, exact_reuse=True
+    )
+    prefill(manager, make_request("a", range(20)))
+    manager.new_step()
+    hits, num_hit = manager.get_computed_blocks(make_request("b", [*range(10), 99, 98, 97]))
+    assert num_hit == 0 and hits.reuse.num_lost_to_retention == 10
