@@ -6,20 +6,18 @@ import pytest
 import torch
 
 from inference.engine.attention import (
-    AttentionMetadata,
     _sdpa_with_lse,
     paged_attention,
-    plan_shared_prefix,
-    plan_span,
     reference_attention,
     write_kv,
 )
+from inference.engine.torch_metadata import TorchAttentionMetadata, plan_shared_prefix, plan_span
 
 H, KVH, D, BLOCK = 6, 2, 8, 4
 
 
 def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkeypatch):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     span = plan_span(0, 3, [5, 6, 7, 2, 9, 10], 22, BLOCK, torch.device("cpu"))
     # Blocks 5-7 → slots 20..32 in place; block 2 alone is gathered; 9-10 hold 6 cached slots.
     assert span.view_runs == [(20, 32)]
@@ -33,7 +31,7 @@ def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkey
 
 @pytest.mark.parametrize("seed", range(4))
 def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, seed):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     num_blocks = 40
@@ -60,7 +58,7 @@ def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, see
     q = torch.cat(queries)
     k_new = torch.cat([k[c:] for k, _, c in contexts])
     v_new = torch.cat([v[c:] for _, v, c in contexts])
-    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    meta = TorchAttentionMetadata(torch.cat(slot_mapping), spans)
     write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D**-0.5)
     pairs = zip(queries, contexts, strict=True)
@@ -81,7 +79,7 @@ def test_portable_lse_path_matches_the_cpu_flash_op():
 
 
 def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(5)
     k_cache = torch.randn(64 * BLOCK, KVH, D)
     v_cache = torch.randn_like(k_cache)
@@ -104,7 +102,7 @@ def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
     )
     write_kv(k_new, v_new, k_cache, v_cache, slots)
     out = paged_attention(
-        q, k_new, v_new, k_cache, v_cache, AttentionMetadata(slots, spans, shared), D**-0.5
+        q, k_new, v_new, k_cache, v_cache, TorchAttentionMetadata(slots, spans, shared), D**-0.5
     )
     for i in own:
         ctx = torch.tensor([b * BLOCK + o for b in blocks[i] for o in range(BLOCK)][: lengths[i]])
@@ -133,7 +131,7 @@ def _window_reference(q, k_all, v_all, q_positions, window, scale):
 def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
     """Decode and chunked-prefill spans; some list only the blocks from mid-sequence on (as a
     sliding layer's cache does), in random block order, some read in place."""
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     window = rng.choice([5, 8, 13])
@@ -189,7 +187,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
         q_positions = torch.arange(num_cached, n)
         expected.append(_window_reference(qs, k_all, v_all, q_positions, window, D**-0.5))
         row += q_len
-    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    meta = TorchAttentionMetadata(torch.cat(slot_mapping), spans)
     k_step, v_step = torch.cat(k_new), torch.cat(v_new)
     write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
     out = paged_attention(
@@ -201,7 +199,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
 def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
     """Decoding spans that share leading blocks (read once on full layers) still see exactly
     their window when the same metadata reaches a sliding layer."""
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(0)
     window, shared_blocks = 10, [3, 4, 5]  # 12 shared positions, read in place
     k_cache, v_cache = torch.zeros(40 * BLOCK, KVH, D), torch.zeros(40 * BLOCK, KVH, D)
@@ -237,7 +235,7 @@ def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
         )
         for i, length in enumerate([17, 20, 14])
     ]
-    meta = AttentionMetadata(torch.cat(new_slots), spans, shared)
+    meta = TorchAttentionMetadata(torch.cat(new_slots), spans, shared)
     k_step, v_step = torch.cat(k_new), torch.cat(v_new)
     write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
     q = torch.cat(queries)

@@ -2,7 +2,8 @@
 
 import torch
 
-from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
+from inference.engine.attention_backend import ScheduledSpan
+from inference.engine.kernels.metadata import build_kernel_metadata
 
 
 def test_decodes_and_prefills_get_their_own_tables_lengths_and_rows():
