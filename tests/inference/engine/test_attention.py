@@ -11,7 +11,13 @@ from inference.engine.attention import (
     reference_attention,
     write_kv,
 )
-from inference.engine.torch_metadata import TorchAttentionMetadata, plan_shared_prefix, plan_span
+from inference.engine.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.torch_metadata import (
+    TorchAttentionMetadata,
+    TorchMetadataBuilder,
+    plan_shared_prefix,
+    plan_span,
+)
 
 H, KVH, D, BLOCK = 6, 2, 8, 4
 
@@ -250,3 +256,50 @@ def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
 def test_plan_span_rejects_a_first_position_off_the_block_grid():
     with pytest.raises(ValueError, match="first_position"):
         plan_span(0, 2, [1, 2], 9, BLOCK, torch.device("cpu"), first_position=3)
+
+
+def test_builder_reads_a_shared_head_once_unless_the_decode_windows_do(monkeypatch):
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    head = [3, 4, 5]  # three blocks both decoding sequences start with
+    spans = [
+        ScheduledSpan(0, 4, 0, [7, 8]),  # a prefill: never part of the shared head
+        ScheduledSpan(4, 1, 3 * BLOCK + 2, [*head, 20]),
+        ScheduledSpan(5, 1, 3 * BLOCK + 1, [*head, 30]),
+    ]
+    full = GroupSpans(list(range(6)), spans)
+    cpu = torch.device("cpu")
+    meta = TorchMetadataBuilder(BLOCK, cpu, decode_windows=False).build(full, None)
+    assert meta.shared.span_indices == [1, 2] and meta.shared.num_slots == 3 * BLOCK
+    assert [s.cached_start for s in meta.spans] == [0, 3 * BLOCK, 3 * BLOCK]
+    assert meta.decode is None and meta.sliding is None
+    assert meta.slot_mapping.tolist() == list(range(6))
+    windows = TorchMetadataBuilder(BLOCK, cpu).build(full, None)
+    assert windows.shared is None and [s.cached_start for s in windows.spans] == [0, 0, 0]
+    assert windows.decode.span_indices == [1, 2] and windows.decode.rows.tolist() == [4, 5]
+
+
+def test_builder_plans_the_sliding_group_from_its_window_blocks():
+    window = 2 * BLOCK
+    # The decoding sequence's token 70 sees positions 63..70: its sliding table keeps its blocks
+    # 15..17 only, and its listed context starts at position 60.
+    decoding = dict(query_start=4, query_len=1, num_computed=70)
+    full = GroupSpans(
+        [28, 29, 30, 31, 150],
+        [ScheduledSpan(0, 4, 0, [7]), ScheduledSpan(**decoding, block_ids=list(range(20, 38)))],
+    )
+    sliding = GroupSpans(
+        [48, 49, 50, 51, 54],
+        [
+            ScheduledSpan(0, 4, 0, [12]),
+            ScheduledSpan(**decoding, block_ids=[9, 11, 13], first_block=15),
+        ],
+    )
+    builder = TorchMetadataBuilder(BLOCK, torch.device("cpu"), sliding_window=window)
+    meta = builder.build(full, sliding)
+    assert meta.decode.window is None and meta.spans[1].cached_start == 0
+    sliding_meta = meta.sliding
+    assert sliding_meta.slot_mapping.tolist() == [48, 49, 50, 51, 54]
+    assert [s.cached_start for s in sliding_meta.spans] == [0, 15 * BLOCK]
+    assert sliding_meta.spans[1].num_cached == 71
+    assert sliding_meta.decode.window == window and sliding_meta.decode.span_indices == [1]
+    assert sliding_meta.shared is None and sliding_meta.sliding is None
