@@ -78,26 +78,10 @@ class ModelRunner:
         else:
             copy_slots = copy_slots_reference  # the same torch ops, without importing triton
         self._copy_slots = copy_slots
-        # Both groups have num_blocks blocks (see llm_engine). Rows: the full layers, then the
-        # sliding ones; layer i's K and V are kv_caches[i].
-        num_slots = num_blocks * block_size
-        shape = (len(layer_types), 2, num_slots, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
-        rows = sorted(range(len(layer_types)), key=lambda i: layer_types[i] != "full")
-        row_of = {layer: row for row, layer in enumerate(rows)}
-        self.kv_caches = [
-            (self.kv_cache[row_of[i], 0], self.kv_cache[row_of[i], 1])
-            for i in range(len(layer_types))
-        ]
-        num_full = layer_types.count("full")
-        self.group_caches = {  # (num_layers_in_group * 2, num_slots, n_kv_heads, head_dim)
-            group: cache.flatten(0, 1)
-            for group, cache in (
-                ("full", self.kv_cache[:num_full]),
-                ("sliding", self.kv_cache[num_full:]),
-            )
-            if cache.shape[0]
-        }
+        # Both groups have num_blocks blocks (see llm_engine).
+        self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
+            layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+        )
         self.graphs = None
         # A graph records one set of block tables; sliding-window layers with their own window
         # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
@@ -193,3 +177,26 @@ class ModelRunner:
 def layer_types_of(config) -> tuple[str, ...]:
     """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
     return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)
+
+
+def allocate_kv_cache(
+    layer_types: tuple[str, ...],
+    num_slots: int,
+    n_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
+    """The stacked cache (num_layers, 2, num_slots, n_kv_heads, head_dim), its rows the full
+    layers then the sliding ones; each layer's (K, V) views, in layer order; and each group's
+    rows as one (num_group_layers * 2, num_slots, n_kv_heads, head_dim) view, for copy_slots."""
+    cache = torch.zeros(
+        (len(layer_types), 2, num_slots, n_kv_heads, head_dim), dtype=dtype, device=device
+    )
+    rows = sorted(range(len(layer_types)), key=lambda layer: layer_types[layer] != "full")
+    row_of = {layer: row for row, layer in enumerate(rows)}
+    per_layer = [(cache[row_of[i], 0], cache[row_of[i], 1]) for i in range(len(layer_types))]
+    num_full = layer_types.count("full")
+    groups = {"full": cache[:num_full], "sliding": cache[num_full:]}
+    per_group = {name: part.flatten(0, 1) for name, part in groups.items() if part.shape[0]}
+    return cache, per_layer, per_group

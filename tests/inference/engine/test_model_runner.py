@@ -1,5 +1,9 @@
 """ModelRunner's KV cache: one stacked tensor whose rows hold the layers group by group, so that a
-copy of slots reaches every layer of its group, and only those, in one call."""
+copy of slots reaches every layer of its group, and only those, in one call. The runner on the
+torch path never imports triton."""
+
+import subprocess
+import sys
 
 import torch
 
@@ -28,3 +32,11 @@ def test_a_block_copy_reaches_every_layer_of_its_group_and_no_other(make_hybrid_
                 assert torch.equal(k, copied[0]) and torch.equal(v, copied[1]), (kind, group)
     finally:
         runner.kv_cache.copy_(saved)
+
+
+def test_the_runner_and_both_metadata_builders_import_without_triton():
+    code = (
+        "import sys, inference.engine.model_runner, inference.engine.kernels.metadata; "
+        "assert 'triton' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
