@@ -1,4 +1,4 @@
-"""Paged attention, torch path (CPU and any device).
+"""Paged attention, torch path (CPU and any device), over the metadata torch_metadata.py plans.
 
 The KV cache of a layer is two tensors (num_slots, n_kv_heads, head_dim); a slot is
 block_id * block_size + offset. A sequence attends over two parts, merged by log-sum-exp:
@@ -15,156 +15,16 @@ context starts (a sliding layer's cache may hold only the window's blocks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from inference.engine.decode_windows import DecodeBatch, decode_attention
+from inference.engine.decode_windows import decode_attention
 from inference.engine.sliding_attention import windowed_attention
 
 if TYPE_CHECKING:
-    from inference.engine.kernels.metadata import KernelMetadata
-
-# Runs shorter than this are gathered together instead of getting an attention call each.
-MIN_VIEW_SLOTS = 64
-
-
-@dataclass(slots=True)
-class SequenceSpan:
-    query_start: int  # first row of this sequence in the flattened batch
-    query_len: int  # new tokens this step
-    # Context read from the cache. With one new token it includes that token (already written
-    # this layer), so a decode step needs no causal part; otherwise the new tokens come after.
-    num_cached: int
-    view_runs: list[tuple[int, int]]  # [start, end) slot ranges read in place
-    gathered_slots: torch.Tensor | None  # the rest of the cached context's slots
-    # Positions, read only by the sliding-window path: the listed context covers positions
-    # [cached_start, num_cached) in block order; each view run starts at its view_position.
-    cached_start: int = 0
-    view_positions: list[int] | None = None
-
-
-@dataclass(slots=True)
-class SharedPrefix:
-    """Cached slots that several one-token spans all start with, read once for all of them.
-
-    A tick's decisions share a long head; in a decode step each would otherwise read the same
-    K/V from memory once per sequence (the cascade idea of FlashInfer, on the CPU).
-    """
-
-    span_indices: list[int]
-    view_runs: list[tuple[int, int]]
-    gathered_slots: torch.Tensor | None
-    # For the sliding-window path: the prefix's length and its view runs' offsets in it; it
-    # ends where each of its spans' own listed context starts.
-    num_slots: int = 0
-    view_offsets: list[int] | None = None
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
-    spans: list[SequenceSpan]
-    shared: SharedPrefix | None = None
-    # Set on the kernel path (CUDA, or forced on CPU under the interpreter): block tables and
-    # lengths for the triton kernels; spans and shared are then left empty.
-    kernel: KernelMetadata | None = None
-    # Sliding-window layers' own metadata when their cache is a separate (window-sized) group;
-    # None: they read the same slots as full layers and the window is applied by mask alone.
-    sliding: AttentionMetadata | None = None
-    # Full layers, torch path: the one-token spans read together, window by window.
-    decode: DecodeBatch | None = None
-
-
-def plan_span(
-    query_start: int,
-    query_len: int,
-    block_ids: list[int],
-    num_cached: int,
-    block_size: int,
-    device: torch.device,
-    skip_blocks: int = 0,
-    first_position: int = 0,
-) -> SequenceSpan:
-    """Split the cached-context slots (after `skip_blocks` shared blocks) into in-place runs and
-    a gathered remainder.
-
-    `num_cached` is the position of the first new token; `block_ids[0]` holds positions from
-    `first_position` on (0, unless a sliding layer's cache keeps only the window's blocks).
-    """
-    if query_len == 1:
-        num_cached += 1
-    if first_position % block_size or not 0 <= first_position <= num_cached:
-        raise ValueError(
-            f"first_position {first_position} must be a multiple of block_size ({block_size}) "
-            f"within the context (0..{num_cached})"
-        )
-    num_blocks = -(-(num_cached - first_position) // block_size)
-    last_len = (
-        num_cached - first_position - (num_blocks - 1) * block_size
-        if num_blocks > skip_blocks
-        else 0
-    )
-    cached_start = first_position + skip_blocks * block_size
-    view_runs, view_offsets, gathered = _split_runs(
-        block_ids[skip_blocks:num_blocks], block_size, last_len, device
-    )
-    view_positions = [cached_start + offset for offset in view_offsets]
-    return SequenceSpan(
-        query_start, query_len, num_cached, view_runs, gathered, cached_start, view_positions
-    )
-
-
-def plan_shared_prefix(
-    decode_blocks: dict[int, list[int]],
-    num_full_blocks: dict[int, int],
-    block_size: int,
-    device: torch.device,
-) -> tuple[SharedPrefix, int] | None:
-    """The longest run of leading blocks that every one-token span (≥ 2 of them) shares,
-    and its length in blocks."""
-    if len(decode_blocks) < 2:
-        return None
-    lists = list(decode_blocks.values())
-    limit = min(num_full_blocks.values())
-    common = 0
-    while common < limit and all(blocks[common] == lists[0][common] for blocks in lists):
-        common += 1
-    if common * block_size < MIN_VIEW_SLOTS:
-        return None
-    view_runs, offsets, gathered = _split_runs(lists[0][:common], block_size, block_size, device)
-    shared = SharedPrefix(sorted(decode_blocks), view_runs, gathered, common * block_size, offsets)
-    return shared, common
-
-
-def _split_runs(
-    block_ids: list[int], block_size: int, last_len: int, device: torch.device
-) -> tuple[list[tuple[int, int]], list[int], torch.Tensor | None]:
-    """Slot ranges of consecutive blocks (the last block holding `last_len` slots): long ones
-    are read in place (returned with their offsets in the listed context), the short rest
-    gathered once."""
-    runs: list[tuple[int, int]] = []
-    for block_id in block_ids:
-        start = block_id * block_size
-        if runs and runs[-1][1] == start:
-            runs[-1] = (runs[-1][0], start + block_size)
-        else:
-            runs.append((start, start + block_size))
-    if runs and last_len < block_size:
-        runs[-1] = (runs[-1][0], runs[-1][1] - block_size + last_len)
-    view_runs, view_offsets, rest = [], [], []
-    offset = 0
-    for a, b in runs:
-        if b - a >= MIN_VIEW_SLOTS:
-            view_runs.append((a, b))
-            view_offsets.append(offset)
-        else:
-            rest.extend(range(a, b))
-        offset += b - a
-    gathered = torch.tensor(rest, dtype=torch.long, device=device) if rest else None
-    return view_runs, view_offsets, gathered
+    from inference.engine.torch_metadata import SequenceSpan, TorchAttentionMetadata
 
 
 def write_kv(
@@ -173,13 +33,11 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
-    *,
-    use_kernel: bool = False,
 ) -> None:
     """Scatter the step's keys/values (T, n_kv_heads, head_dim) into their slots.
 
-    On CUDA (or when asked) the store_kv kernel does it: it also skips padded slots (-1)."""
-    if use_kernel or slots.is_cuda:
+    On CUDA the store_kv kernel does it: it also skips padded slots (-1)."""
+    if slots.is_cuda:
         from inference.engine.kernels.store_kv import store_kv
 
         store_kv(k, v, k_cache, v_cache, slots)
@@ -194,14 +52,10 @@ def paged_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,  # (num_slots, n_kv_heads, head_dim)
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: TorchAttentionMetadata,
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    if meta.kernel is not None:
-        from inference.engine.kernels.dispatch import attend
-
-        return attend(q, k_cache, v_cache, meta.kernel, scale, window)
     out = torch.empty_like(q)
     batched: set[int] = set()
     if meta.decode is not None and meta.decode.window == window:

@@ -15,8 +15,8 @@ import logging
 import torch
 from torch import nn
 
-from inference.engine.attention import AttentionMetadata
-from inference.engine.kernels.metadata import DecodeBatch, KernelMetadata, ScheduledSpan
+from inference.engine.attention_backend import ScheduledSpan
+from inference.engine.kernels.metadata import DecodeBatch, KernelAttentionMetadata, KernelMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class DecodeGraphs:
             self.rows[:size], self.block_tables[:size], self.seq_lens[:size],
             max_seq_len=self.max_blocks * self.block_size,
         )  # fmt: skip
-        meta = AttentionMetadata(
-            self.slot_mapping[:size], [], kernel=KernelMetadata(self.block_size, decode, None)
+        meta = KernelAttentionMetadata(
+            self.slot_mapping[:size], KernelMetadata(self.block_size, decode, None)
         )
         return model(
             self.input_ids[:size], self.positions[:size], kv_caches, meta,

@@ -4,10 +4,13 @@ its torch reference:
 - store_kv: a step's K/V into the cache by slot mapping (-1 = padding, skipped)
 - decode_attention: one query per sequence, split-K over the context, GQA, optional window
 - prefill_attention: new tokens over a cached prefix and themselves, causal, optional window
-- copy_slots: copy-on-write of a block and sliding-window checkpoints, all layers at once
-- dispatch: the per-step metadata and the call the engine's attention makes
+- copy_slots: copy-on-write of a block and sliding-window checkpoints, a group's layers at once
+- metadata: the kernel path's per-step metadata and its builder, which the runner picks
+- dispatch: the call a layer's attention makes with that metadata
+- reference: the torch references
 
-Importing this package imports triton; the torch path (inference/engine/attention.py) never
-does. On CPU the kernels run only under triton's interpreter (TRITON_INTERPRET=1 set before
-triton is imported), which is how the test suite checks them.
+The kernel modules import triton; metadata and reference are plain torch, and the torch path
+(inference/engine/attention.py) never imports triton. On CPU the kernels run only under
+triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which is how the test
+suite checks them.
 """

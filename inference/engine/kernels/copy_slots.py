@@ -2,13 +2,14 @@
 filled block (its first n slots into a fresh block) and the sliding-window checkpoints (the
 window's slots into checkpoint blocks, and back).
 
-The cache is one stacked tensor (num_caches, num_slots, n_kv_heads, head_dim): every layer's K
-and V (the runner allocates them so). `copy_slots` copies row src[i] to row dst[i] in all of
-them. Two implementations: a triton kernel (one launch; program (pair, cache) copies one
-n_kv_heads × head_dim row) and batched torch ops (index_select, then index_copy_: two launches
-and a temporary). Both move the same bytes once; at CoW sizes (≤ block_size slots × 2 ×
-num_layers rows) each costs a few microseconds of launches, and the kernel saves one launch
-and the temporary's round trip. `bench/gpu.py` times both; the engine uses the kernel on CUDA.
+The cache is one stacked tensor (num_caches, num_slots, n_kv_heads, head_dim): the K and V of
+every layer of one KV group (the runner keeps each group's layers consecutive so that this is a
+view). `copy_slots` copies row src[i] to row dst[i] in all of them. Two implementations: a
+triton kernel (one launch; program (pair, cache) copies one n_kv_heads × head_dim row) and
+batched torch ops (index_select, then index_copy_: two launches and a temporary). Both move the
+same bytes once; at CoW sizes (≤ block_size slots × 2 × num_layers rows) each costs a few
+microseconds of launches, and the kernel saves one launch and the temporary's round trip.
+`bench/gpu.py` times both; the engine uses the kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from inference.engine.kernels._common import (
     check_tensor,
     next_pow2,
 )
+from inference.engine.kernels.reference import copy_slots_reference
 
 
 @triton.jit
@@ -70,11 +72,6 @@ def copy_slots(
         cache, src_slots, dst_slots, cache.stride(0), cache.stride(1),
         ROW=row, BLOCK=next_pow2(row), num_warps=4 if row >= 512 else 2,
     )  # fmt: skip
-
-
-def copy_slots_reference(cache: torch.Tensor, src_slots, dst_slots) -> None:
-    """The batched torch ops: gather the source rows of every cache, then scatter them."""
-    cache.index_copy_(1, dst_slots.long(), cache.index_select(1, src_slots.long()))
 
 
 def cow_slots(

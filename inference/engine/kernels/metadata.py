@@ -1,6 +1,6 @@
 """Per-step metadata of the kernel path: block tables and lengths, built once per step by the
-runner from its scheduled sequences and reused by every layer. Plain torch: importing it does
-not import triton.
+runner's KernelMetadataBuilder from its scheduled sequences and reused by every layer. Plain
+torch: importing it does not import triton (the kernels are imported when a layer first attends).
 
 A step's sequences split in two: those with one new token (decode: the split-K kernel, one
 query row per sequence) and the rest (prefill chunks over a cached prefix).
@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from inference.engine.attention_backend import GroupSpans, ScheduledSpan
 
 
 @dataclass(slots=True)
@@ -40,17 +42,49 @@ class KernelMetadata:
     window: int | None = None  # set on the metadata of sliding-window layers
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledSpan:
-    """One sequence of the step, as the runner sees it."""
+@dataclass(slots=True)
+class KernelAttentionMetadata:
+    """The kernel path's metadata of a step: where the new K/V go, and the kernels' tables."""
 
-    query_start: int
-    query_len: int
-    num_computed: int  # tokens already in the cache before this step
-    block_ids: list[int]
-    # block_ids[0] is the sequence's block number first_block: a sliding layer's table starts
-    # at its window (every key it reads is at or after first_block * block_size).
-    first_block: int = 0
+    slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written; -1: padding
+    tables: KernelMetadata
+    # Sliding-window layers' own metadata when their cache is a separate (window-sized) group.
+    sliding: KernelAttentionMetadata | None = None
+
+    def write_kv(self, k, v, k_cache, v_cache) -> None:
+        from inference.engine.kernels.store_kv import store_kv
+
+        store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+
+    def attend(self, q, k, v, k_cache, v_cache, scale: float, window: int | None = None):
+        from inference.engine.kernels import dispatch
+
+        return dispatch.attend(q, k_cache, v_cache, self.tables, scale, window)
+
+
+class KernelMetadataBuilder:
+    """Plans the kernel path's metadata of a step from its spans (one builder per runner)."""
+
+    def __init__(
+        self, block_size: int, device: torch.device, *, sliding_window: int | None = None
+    ) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.sliding_window = sliding_window
+
+    def build(self, full: GroupSpans, sliding: GroupSpans | None) -> KernelAttentionMetadata:
+        meta = KernelAttentionMetadata(
+            torch.tensor(full.slot_mapping, device=self.device),
+            build_kernel_metadata(full.spans, self.block_size, self.device),
+        )
+        if sliding is not None:
+            meta.sliding = KernelAttentionMetadata(
+                torch.tensor(sliding.slot_mapping, device=self.device),
+                build_kernel_metadata(
+                    sliding.spans, self.block_size, self.device, window=self.sliding_window
+                ),
+            )
+        return meta
 
 
 def build_kernel_metadata(

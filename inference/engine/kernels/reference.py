@@ -1,6 +1,9 @@
-"""The torch reference both attention kernels are tested against: for each sequence, gather its
-context from the paged cache through its block table and run plain SDPA in fp32 with the causal
-and sliding-window mask written out. Slow and obvious on purpose."""
+"""Torch references of the kernels, plain torch (importing this module does not import triton).
+
+The attention kernels are tested against `paged_attention_reference`: for each sequence, gather
+its context from the paged cache through its block table and run plain SDPA in fp32 with the
+causal and sliding-window mask written out. Slow and obvious on purpose. `copy_slots_reference`
+is copy_slots' torch ops, which the runner also uses off CUDA."""
 
 from __future__ import annotations
 
@@ -43,3 +46,8 @@ def paged_attention_reference(
         )  # (1, H, q_len, D)
         out[q_start : q_start + q_len] = o[0].transpose(0, 1).to(q.dtype)
     return out
+
+
+def copy_slots_reference(cache: torch.Tensor, src_slots, dst_slots) -> None:
+    """The batched torch ops: gather the source rows of every cache, then scatter them."""
+    cache.index_copy_(1, dst_slots.long(), cache.index_select(1, src_slots.long()))

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.attention import AttentionMetadata, paged_attention, write_kv
+from inference.engine.attention_backend import AttentionMetadata
 from inference.engine.models.llama import LlamaMLP, apply_rope
 
 LAYER_TYPES = ("full", "sliding")
@@ -147,12 +147,8 @@ class Gemma3Attention(nn.Module):
         # A sliding layer's cache may be its own (window-sized) group with its own metadata.
         if self.is_sliding:
             meta = meta.sliding or meta
-        write_kv(
-            k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, use_kernel=meta.kernel is not None
-        )
-        out = paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, window=self.window
-        )
+        meta.write_kv(k, v, kv_cache[0], kv_cache[1])
+        out = meta.attend(q, k, v, kv_cache[0], kv_cache[1], self.scale, window=self.window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.attention import AttentionMetadata, paged_attention, write_kv
+from inference.engine.attention_backend import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +142,8 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         # Every sequence's new K/V is written before any attends: a request may reuse
         # blocks that another request in the same step is computing right now.
-        write_kv(
-            k, v, kv_cache[0], kv_cache[1], meta.slot_mapping, use_kernel=meta.kernel is not None
-        )
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        meta.write_kv(k, v, kv_cache[0], kv_cache[1])
+        out = meta.attend(q, k, v, kv_cache[0], kv_cache[1], self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

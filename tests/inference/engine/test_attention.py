@@ -6,20 +6,24 @@ import pytest
 import torch
 
 from inference.engine.attention import (
-    AttentionMetadata,
     _sdpa_with_lse,
     paged_attention,
-    plan_shared_prefix,
-    plan_span,
     reference_attention,
     write_kv,
+)
+from inference.engine.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.torch_metadata import (
+    TorchAttentionMetadata,
+    TorchMetadataBuilder,
+    plan_shared_prefix,
+    plan_span,
 )
 
 H, KVH, D, BLOCK = 6, 2, 8, 4
 
 
 def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkeypatch):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     span = plan_span(0, 3, [5, 6, 7, 2, 9, 10], 22, BLOCK, torch.device("cpu"))
     # Blocks 5-7 → slots 20..32 in place; block 2 alone is gathered; 9-10 hold 6 cached slots.
     assert span.view_runs == [(20, 32)]
@@ -33,7 +37,7 @@ def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkey
 
 @pytest.mark.parametrize("seed", range(4))
 def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, seed):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     num_blocks = 40
@@ -60,7 +64,7 @@ def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, see
     q = torch.cat(queries)
     k_new = torch.cat([k[c:] for k, _, c in contexts])
     v_new = torch.cat([v[c:] for _, v, c in contexts])
-    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    meta = TorchAttentionMetadata(torch.cat(slot_mapping), spans)
     write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D**-0.5)
     pairs = zip(queries, contexts, strict=True)
@@ -81,7 +85,7 @@ def test_portable_lse_path_matches_the_cpu_flash_op():
 
 
 def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(5)
     k_cache = torch.randn(64 * BLOCK, KVH, D)
     v_cache = torch.randn_like(k_cache)
@@ -104,7 +108,7 @@ def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
     )
     write_kv(k_new, v_new, k_cache, v_cache, slots)
     out = paged_attention(
-        q, k_new, v_new, k_cache, v_cache, AttentionMetadata(slots, spans, shared), D**-0.5
+        q, k_new, v_new, k_cache, v_cache, TorchAttentionMetadata(slots, spans, shared), D**-0.5
     )
     for i in own:
         ctx = torch.tensor([b * BLOCK + o for b in blocks[i] for o in range(BLOCK)][: lengths[i]])
@@ -133,7 +137,7 @@ def _window_reference(q, k_all, v_all, q_positions, window, scale):
 def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
     """Decode and chunked-prefill spans; some list only the blocks from mid-sequence on (as a
     sliding layer's cache does), in random block order, some read in place."""
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     window = rng.choice([5, 8, 13])
@@ -189,7 +193,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
         q_positions = torch.arange(num_cached, n)
         expected.append(_window_reference(qs, k_all, v_all, q_positions, window, D**-0.5))
         row += q_len
-    meta = AttentionMetadata(torch.cat(slot_mapping), spans)
+    meta = TorchAttentionMetadata(torch.cat(slot_mapping), spans)
     k_step, v_step = torch.cat(k_new), torch.cat(v_new)
     write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
     out = paged_attention(
@@ -201,7 +205,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
 def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
     """Decoding spans that share leading blocks (read once on full layers) still see exactly
     their window when the same metadata reaches a sliding layer."""
-    monkeypatch.setattr("inference.engine.attention.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(0)
     window, shared_blocks = 10, [3, 4, 5]  # 12 shared positions, read in place
     k_cache, v_cache = torch.zeros(40 * BLOCK, KVH, D), torch.zeros(40 * BLOCK, KVH, D)
@@ -237,7 +241,7 @@ def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
         )
         for i, length in enumerate([17, 20, 14])
     ]
-    meta = AttentionMetadata(torch.cat(new_slots), spans, shared)
+    meta = TorchAttentionMetadata(torch.cat(new_slots), spans, shared)
     k_step, v_step = torch.cat(k_new), torch.cat(v_new)
     write_kv(k_step, v_step, k_cache, v_cache, meta.slot_mapping)
     q = torch.cat(queries)
@@ -252,3 +256,50 @@ def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
 def test_plan_span_rejects_a_first_position_off_the_block_grid():
     with pytest.raises(ValueError, match="first_position"):
         plan_span(0, 2, [1, 2], 9, BLOCK, torch.device("cpu"), first_position=3)
+
+
+def test_builder_reads_a_shared_head_once_unless_the_decode_windows_do(monkeypatch):
+    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    head = [3, 4, 5]  # three blocks both decoding sequences start with
+    spans = [
+        ScheduledSpan(0, 4, 0, [7, 8]),  # a prefill: never part of the shared head
+        ScheduledSpan(4, 1, 3 * BLOCK + 2, [*head, 20]),
+        ScheduledSpan(5, 1, 3 * BLOCK + 1, [*head, 30]),
+    ]
+    full = GroupSpans(list(range(6)), spans)
+    cpu = torch.device("cpu")
+    meta = TorchMetadataBuilder(BLOCK, cpu, decode_windows=False).build(full, None)
+    assert meta.shared.span_indices == [1, 2] and meta.shared.num_slots == 3 * BLOCK
+    assert [s.cached_start for s in meta.spans] == [0, 3 * BLOCK, 3 * BLOCK]
+    assert meta.decode is None and meta.sliding is None
+    assert meta.slot_mapping.tolist() == list(range(6))
+    windows = TorchMetadataBuilder(BLOCK, cpu).build(full, None)
+    assert windows.shared is None and [s.cached_start for s in windows.spans] == [0, 0, 0]
+    assert windows.decode.span_indices == [1, 2] and windows.decode.rows.tolist() == [4, 5]
+
+
+def test_builder_plans_the_sliding_group_from_its_window_blocks():
+    window = 2 * BLOCK
+    # The decoding sequence's token 70 sees positions 63..70: its sliding table keeps its blocks
+    # 15..17 only, and its listed context starts at position 60.
+    decoding = dict(query_start=4, query_len=1, num_computed=70)
+    full = GroupSpans(
+        [28, 29, 30, 31, 150],
+        [ScheduledSpan(0, 4, 0, [7]), ScheduledSpan(**decoding, block_ids=list(range(20, 38)))],
+    )
+    sliding = GroupSpans(
+        [48, 49, 50, 51, 54],
+        [
+            ScheduledSpan(0, 4, 0, [12]),
+            ScheduledSpan(**decoding, block_ids=[9, 11, 13], first_block=15),
+        ],
+    )
+    builder = TorchMetadataBuilder(BLOCK, torch.device("cpu"), sliding_window=window)
+    meta = builder.build(full, sliding)
+    assert meta.decode.window is None and meta.spans[1].cached_start == 0
+    sliding_meta = meta.sliding
+    assert sliding_meta.slot_mapping.tolist() == [48, 49, 50, 51, 54]
+    assert [s.cached_start for s in sliding_meta.spans] == [0, 15 * BLOCK]
+    assert sliding_meta.spans[1].num_cached == 71
+    assert sliding_meta.decode.window == window and sliding_meta.decode.span_indices == [1]
+    assert sliding_meta.shared is None and sliding_meta.sliding is None

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.attention import AttentionMetadata, plan_span
 from inference.engine.gguf_file import open_gguf, read_metadata
 from inference.engine.model_files import gguf_path_for, known_model_names
 from inference.engine.models import gemma3
 from inference.engine.models.gemma3 import Gemma3Config, _layer_types, gguf_names_to_hf
+from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,9 @@ def _single_pass_greedy(model, ids: list[int], num_tokens: int) -> list[int]:
         n = len(ids)
         shape = (n, config.num_kv_heads, config.head_dim)
         caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
-        meta = AttentionMetadata(torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))])
+        meta = TorchAttentionMetadata(
+            torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))]
+        )
         logits = model(torch.tensor(ids), torch.arange(n), caches, meta, torch.tensor([n - 1]))
         out.append(int(logits[0].argmax()))
         ids.append(out[-1])
@@ -118,7 +120,9 @@ def test_the_window_changes_the_output(tiny_gemma):
     model = tiny_gemma.runner.model
     ids = tiny_gemma.tokenizer.encode("the town square " * 200, add_special_tokens=True)
     n = len(ids)
-    meta = AttentionMetadata(torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))])
+    meta = TorchAttentionMetadata(
+        torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))]
+    )
 
     def last_logits():
         caches = [(torch.zeros(n, 2, 16), torch.zeros(n, 2, 16)) for _ in range(len(model.layers))]
@@ -166,10 +170,10 @@ def test_sliding_layers_read_their_own_metadata_when_given():
     model = gemma3.Gemma3ForCausalLM(cfg).eval()
     n = 6
     # Full layer: slots 0..5 of a 6-slot cache; sliding layer: slots 10..15 of its own 16.
-    meta = AttentionMetadata(
+    meta = TorchAttentionMetadata(
         torch.arange(n),
         [plan_span(0, n, [], 0, 16, torch.device("cpu"))],
-        sliding=AttentionMetadata(
+        sliding=TorchAttentionMetadata(
             torch.arange(10, 16), [plan_span(0, n, [], 0, 16, torch.device("cpu"))]
         ),
     )

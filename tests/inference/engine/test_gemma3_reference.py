@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.attention import AttentionMetadata, plan_span
 from inference.engine.model_files import gguf_path_for
+from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
 
 pytestmark = pytest.mark.real_model
 
@@ -72,7 +72,9 @@ def test_logits_match_transformers_on_both_sides_of_the_window(engine, hf_model)
     shape = (n, config.num_kv_heads, config.head_dim)
     # One span over fresh caches of n slots: the engine's own cache is left alone.
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
-    meta = AttentionMetadata(torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))])
+    meta = TorchAttentionMetadata(
+        torch.arange(n), [plan_span(0, n, [], 0, 16, torch.device("cpu"))]
+    )
     with engine._lock:  # keep the engine loop off the model while we borrow it
         ours = engine.runner.model(torch.tensor(ids), torch.arange(n), caches, meta, rows)
     for row, (o, r) in enumerate(zip(ours, reference, strict=True)):

@@ -1,8 +1,10 @@
-"""build_kernel_metadata: a step's sequences as the kernels' index tensors (plain torch)."""
+"""build_kernel_metadata and the kernel path's builder: a step's sequences as the kernels' index
+tensors (plain torch)."""
 
 import torch
 
-from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
+from inference.engine.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.kernels.metadata import KernelMetadataBuilder, build_kernel_metadata
 
 
 def test_decodes_and_prefills_get_their_own_tables_lengths_and_rows():
@@ -36,3 +38,24 @@ def test_window_tables_carry_their_first_block():
     assert meta.prefill.first_blocks.tolist() == [2]
     only_decodes = build_kernel_metadata(spans[:2], 16, torch.device("cpu"))
     assert only_decodes.prefill is None and only_decodes.decode.block_tables.shape == (2, 2)
+
+
+def test_builder_gives_the_sliding_group_its_own_slots_and_window_tables():
+    full = GroupSpans(
+        [40, 41, 42, 7], [ScheduledSpan(0, 3, 8, [2, 5]), ScheduledSpan(3, 1, 70, [1, 2, 3, 4, 6])]
+    )
+    sliding = GroupSpans(
+        [8, 9, 10, 39],
+        [ScheduledSpan(0, 3, 8, [0, 1]), ScheduledSpan(3, 1, 70, [7, 9], first_block=3)],
+    )
+    builder = KernelMetadataBuilder(16, torch.device("cpu"), sliding_window=32)
+    meta = builder.build(full, sliding)
+    assert meta.slot_mapping.tolist() == [40, 41, 42, 7]
+    assert meta.tables.window is None and meta.tables.decode.block_tables.tolist() == [
+        [1, 2, 3, 4, 6]
+    ]
+    assert meta.sliding.slot_mapping.tolist() == [8, 9, 10, 39]
+    assert meta.sliding.tables.window == 32 and meta.sliding.sliding is None
+    assert meta.sliding.tables.decode.first_blocks.tolist() == [3]
+    assert meta.sliding.tables.prefill.block_tables.tolist() == [[0, 1]]
+    assert builder.build(full, None).sliding is None

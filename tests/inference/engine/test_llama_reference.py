@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.attention import AttentionMetadata, plan_span
+from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
 
 pytestmark = pytest.mark.real_model
 
@@ -39,7 +39,7 @@ def engine_last_logits(engine, token_ids: list[int]) -> torch.Tensor:
     runner = engine.runner
     n = len(token_ids)
     slots = torch.arange(n)  # the test owns the cache here: nothing else runs
-    meta = AttentionMetadata(slots, [plan_span(0, n, [], 0, 16, slots.device)])
+    meta = TorchAttentionMetadata(slots, [plan_span(0, n, [], 0, 16, slots.device)])
     return runner.model(
         torch.tensor(token_ids), torch.arange(n), runner.kv_caches, meta, torch.tensor([n - 1])
     )[0]

@@ -5,12 +5,8 @@ import random
 import pytest
 import torch
 
-from inference.engine.kernels.copy_slots import (
-    checkpoint_slots,
-    copy_slots,
-    copy_slots_reference,
-    cow_slots,
-)
+from inference.engine.kernels.copy_slots import checkpoint_slots, copy_slots, cow_slots
+from inference.engine.kernels.reference import copy_slots_reference
 
 BLOCK = 4
 

@@ -7,16 +7,16 @@ import random
 import torch
 
 from inference.engine import EngineConfig, LLMEngine
-from inference.engine.attention import AttentionMetadata
+from inference.engine.attention_backend import ScheduledSpan
 from inference.engine.cuda_graphs import DecodeGraphs
-from inference.engine.kernels.metadata import ScheduledSpan, build_kernel_metadata
+from inference.engine.kernels.metadata import KernelAttentionMetadata, build_kernel_metadata
 
 BLOCK = 16
 
 
 def _step(runner, spans, ids, positions, slots, rows):
-    meta = AttentionMetadata(
-        torch.tensor(slots), [], kernel=build_kernel_metadata(spans, BLOCK, torch.device("cpu"))
+    meta = KernelAttentionMetadata(
+        torch.tensor(slots), build_kernel_metadata(spans, BLOCK, torch.device("cpu"))
     )
     return runner.model(
         torch.tensor(ids), torch.tensor(positions), runner.kv_caches, meta, torch.tensor(rows)
