@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "rest_framework.authtoken",  # tokens for machine clients (manage.py drf_create_token)
+    "django_filters",  # the API's query parameters (town/api/filters.py)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI / Redoc assets, served from static/
     "inference.apps.InferenceConfig",

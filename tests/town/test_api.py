@@ -265,6 +265,37 @@ def test_openapi_schema_validates_and_docs_use_vendored_assets(api, db):
         assert "drf_spectacular_sidecar" in html and "cdn" not in html.lower()
 
 
+def test_openapi_schema_lists_each_list_endpoints_filter_parameters(api, db):
+    schema = json.loads(api.get("/api/schema/?format=json").content)
+
+    def parameters(path: str) -> dict[str, dict]:
+        return {p["name"]: p for p in schema["paths"][path]["get"]["parameters"]}
+
+    decisions = parameters("/api/decisions/")
+    assert {"run", "resident", "tick", "node", "status", "valid", "action"} <= set(decisions)
+    for name in ("run", "resident", "tick"):
+        assert decisions[name]["schema"]["type"] == "integer", name
+        assert decisions[name]["in"] == "query" and decisions[name]["description"]
+    assert decisions["valid"]["schema"]["type"] == "boolean"
+    assert set(decisions["status"]["schema"]["enum"]) == set(Decision.Status.values)
+    for path in ("/api/places/", "/api/residents/", "/api/runs/"):
+        assert parameters(path)["town"]["schema"]["type"] == "integer", path
+    assert parameters("/api/ticks/")["run"]["schema"]["type"] == "integer"
+    assert "state in this run" in parameters("/api/residents/")["run"]["description"]
+    assert "state in this run" in parameters("/api/residents/{id}/")["run"]["description"]
+
+
+def test_filter_parameters_read_as_before(api, db):
+    run, _ = _with_tick(small_town_factory())
+    assert api.get(f"/api/decisions/?run={run.pk}&valid=").json()["count"] == 4  # blank: all
+    assert api.get(f"/api/decisions/?run={run.pk}&valid=no").json()["count"] == 0
+    assert api.get(f"/api/decisions/?run={run.pk}&status=&node=").json()["count"] == 4
+    assert api.get(f"/api/runs/?town={run.town_id + 1}").json()["count"] == 0
+    bad = api.get("/api/decisions/?status=done&run=abc").json()
+    assert bad["status"] == ["must be one of " + ", ".join(D.values) + "; got 'done'"]
+    assert bad["run"] == ["must be a whole number (an id), got 'abc'"]
+
+
 def _wait_for(decision_id: int, statuses: tuple[str, ...], api: APIClient, timeout_s=120) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
