@@ -265,6 +265,27 @@ def test_openapi_schema_validates_and_docs_use_vendored_assets(api, db):
         assert "drf_spectacular_sidecar" in html and "cdn" not in html.lower()
 
 
+def test_the_run_list_reads_every_summary_in_one_query(api, db, django_assert_max_num_queries):
+    """The run list's summaries are one query per page, not one per run (an N+1 before)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    town = small_town_factory()
+    first, _ = _with_tick(town)
+    with CaptureQueriesContext(connection) as one_run:
+        page = api.get("/api/runs/").json()
+    assert page["results"][0]["summary"]["num_decisions"] == 2
+    for _ in range(5):
+        _with_tick(town)
+    with django_assert_max_num_queries(len(one_run)):
+        page = api.get("/api/runs/").json()
+    assert page["count"] == 6
+    summaries = [row["summary"] for row in page["results"]]
+    assert [s["num_decisions"] for s in summaries] == [2] * 6
+    assert summaries[-1]["token_cache_hit_rate"] == 0.3  # 60 of 200 prompt tokens
+    assert api.get(f"/api/runs/{first.pk}/").json()["summary"] == summaries[-1]
+
+
 def test_openapi_schema_lists_each_list_endpoints_filter_parameters(api, db):
     schema = json.loads(api.get("/api/schema/?format=json").content)
 
