@@ -11,12 +11,12 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from town.api.serializers import PlaceSerializer
 from town.clock import Clock
 from town.events import (
     DECISION_APPLIED,
     clock_data,
-    decision_applied_data,
-    decision_numbers,
+    decisions_data,
     event_message,
     last_seq,
     run_state_data,
@@ -57,19 +57,10 @@ def _place_views(run: Run) -> list[tuple[Place, PlaceView]]:
 
 
 def places_data(*, run: Run, tick_index: int) -> list[dict[str, Any]]:
+    """The places as the REST API gives them, each open or not at the run's tick."""
     clock = run_clock(run=run, tick_index=tick_index)
     return [
-        {
-            "id": place.id,
-            "name": place.name,
-            "name_ja": place.name_ja,
-            "kind": place.kind,
-            "x": place.x,
-            "y": place.y,
-            "hours": view.hours,
-            "capacity": place.capacity,
-            "is_open": view.is_open(clock),
-        }
+        {**PlaceSerializer(place).data, "is_open": view.is_open(clock)}
         for place, view in _place_views(run)
     ]
 
@@ -147,7 +138,7 @@ def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
     ).order_by("-id")[:NUM_DETAIL_MEMORIES]
     decisions = (
         Decision.objects.filter(run=run, resident_id=resident_id, status=Decision.Status.APPLIED)
-        .select_related("tick")
+        .select_related("tick", "resident")
         .order_by("-tick__index")[:NUM_DETAIL_DECISIONS]
     )
     return {
@@ -155,18 +146,7 @@ def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
         **_state(state),
         "place_name": state.place.name,
         "memories": [m.text for m in memories],
-        "decisions": [
-            {
-                "tick_index": d.tick.index,
-                "action": d.action,
-                "target": d.target,
-                "reason": d.reason,
-                "valid": d.valid,
-                "error": d.error,
-                **decision_numbers(d),
-            }
-            for d in decisions
-        ],
+        "decisions": decisions_data(list(decisions)),
     }
 
 
@@ -190,7 +170,11 @@ def run_replay(*, run: Run) -> dict[str, Any]:
     residents = {r.id: r for r in Resident.objects.filter(town_id=run.town_id).order_by("id")}
     views = _place_views(run)
     ticks = list(run.ticks.filter(status=Tick.Status.DONE).order_by("index"))
-    decisions = Decision.objects.filter(tick__in=ticks).order_by("tick_id", "resident_id")
+    decisions = (
+        Decision.objects.filter(tick__in=ticks)
+        .select_related("tick", "resident")
+        .order_by("tick_id", "resident_id")
+    )
     by_tick: dict[int, list[Decision]] = {}
     for decision in decisions:
         by_tick.setdefault(decision.tick_id, []).append(decision)
@@ -208,12 +192,7 @@ def run_replay(*, run: Run) -> dict[str, Any]:
                     }
                     for d in tick_decisions
                 },
-                "decisions": [
-                    decision_applied_data(
-                        d, tick_index=tick.index, resident_name=residents[d.resident_id].name
-                    )
-                    for d in tick_decisions
-                ],
+                "decisions": decisions_data(tick_decisions),
             }
         )
     end_index = ticks[-1].index + 1 if ticks else 0

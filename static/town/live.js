@@ -86,7 +86,9 @@
   }
 
   function applyEvent({ kind, data, seq }) {
-    const resident = view.residents.get(data.resident_id);
+    // A decision event carries the decision as the REST API gives it (its resident: an id).
+    const residentId = kind.startsWith("decision.") ? data.resident : data.resident_id;
+    const resident = view.residents.get(residentId);
     switch (kind) {
       case "run.state":
         view.run = { ...view.run, ...data };
@@ -95,14 +97,14 @@
       case "decision.started":
         view.thinkingEvents += 1;
         if (resident) resident.thinking = true;
-        map.setThinking(data.resident_id, true);
-        if (data.resident_id === view.selectedId) refreshSelected();
+        map.setThinking(residentId, true);
+        if (residentId === view.selectedId) refreshSelected();
         break;
       case "decision.applied": {
         if (resident) resident.thinking = false;
-        map.setThinking(data.resident_id, false);
+        map.setThinking(residentId, false);
         const said = data.reason || (data.action ? `${data.action} ${data.target}` : data.error);
-        map.say(data.resident_id, said);
+        map.say(residentId, said);
         panel.feedAdd(data, seq);
         break;
       }

@@ -58,9 +58,9 @@
         el("span", { class: "tick" }, `tick ${d.tick_index}`)),
       d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
       d.error ? el("div", { class: "error" }, d.error) : null,
-      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`),
+      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`),
     );
-    item.dataset.residentId = d.resident_id;
+    item.dataset.residentId = d.resident;
     return item;
   }
 
@@ -89,7 +89,7 @@
       el("li", {}, el("span", { class: "act" }, `tick ${d.tick_index}: ${actionText(d)}`),
         d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
         d.error ? el("div", { class: "error" }, d.error) : null,
-        el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`)));
+        el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`)));
     box.replaceChildren(
       el("div", { class: "who" }, el("b", {}, r.name), ` ${r.age}, ${r.occupation}`),
       el("div", { class: "where" }, `at ${placeName}`, r.thinking ? " · thinking…" : ""),

@@ -117,7 +117,7 @@ def test_resident_panel_has_state_memories_and_last_decisions(client, run):
     assert detail["memories"]
     assert [(d["tick_index"], d["action"]) for d in detail["decisions"]] == [(1, "stay"), (0, "go")]
     assert detail["decisions"][0]["num_cached_tokens"] == 600
-    assert detail["decisions"][0]["latency_s"] == 0.5
+    assert detail["decisions"][0]["app_e2e_s"] == 0.5
     other_run = run_factory(town=small_town_factory())
     stranger = other_run.resident_states.first().resident_id
     assert client.get(f"/runs/{run.pk}/residents/{stranger}/").status_code == 404

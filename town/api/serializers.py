@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from town.api.fields import DatabaseIntegerField, FiniteFloatField, IdField
+from town.clock import hours_label
 from town.models import (
     DECISION_METRIC_FIELDS,
     Decision,
@@ -41,6 +42,8 @@ class TownSerializer(serializers.HyperlinkedModelSerializer):
 
 
 class PlaceSerializer(serializers.ModelSerializer):
+    hours = serializers.SerializerMethodField(help_text='Opening hours, e.g. "08:00–20:00".')
+
     class Meta:
         model = Place
         fields = [
@@ -54,9 +57,13 @@ class PlaceSerializer(serializers.ModelSerializer):
             "y",
             "opens_at",
             "closes_at",
+            "hours",
             "capacity",
             "menu",
         ]
+
+    def get_hours(self, place: Place) -> str:
+        return hours_label(opens_at=place.opens_at, closes_at=place.closes_at)
 
 
 class ResidentStateSerializer(serializers.ModelSerializer):
