@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from town.api.serializers import PlaceSerializer
+from town.api.serializers import PlaceSerializer, RunSerializer
 from town.clock import Clock
 from town.events import (
     DECISION_APPLIED,
@@ -19,11 +19,9 @@ from town.events import (
     decisions_data,
     event_message,
     last_seq,
-    run_state_data,
-    summary_data,
 )
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, RunEvent, Tick
-from town.selectors import place_view, run_clock
+from town.selectors import RunSummary, place_view, run_clock, run_summary
 from town.world import PlaceView
 
 NUM_FEED_EVENTS = 30
@@ -38,17 +36,13 @@ IN_FLIGHT = (
 )
 
 
-def run_header(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.pk,
-        "town": run.town.name,
-        "layout": run.layout,
-        "model": run.model,
-        "nodes": run.nodes,
-        "concurrency": run.concurrency,
-        "ticks_target": run.ticks_target,
-        **run_state_data(run),
-    }
+def run_header(run: Run, *, summary: RunSummary | None = None) -> dict[str, Any]:
+    """The run as the REST API gives it (URLs relative: no request); `summary` when the caller
+    has it already, else it is read."""
+    context: dict[str, Any] = {"request": None}
+    if summary is not None:
+        context["summaries"] = {run.pk: summary}
+    return dict(RunSerializer(run, context=context).data)
 
 
 def _place_views(run: Run) -> list[tuple[Place, PlaceView]]:
@@ -112,15 +106,16 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
         ]
         feed = RunEvent.objects.filter(run=run, kind=DECISION_APPLIED, seq__lte=seq)
         feed_events = [event_message(e) for e in feed.order_by("-seq")[:NUM_FEED_EVENTS]]
+        header = run_header(run, summary=run_summary(run=run))
         return {
             "type": "snapshot",
             "seq": seq,
-            "run": run_header(run),
+            "run": header,
             "clock": clock_data(run=run, tick_index=run.num_ticks_done),
             "places": places_data(run=run, tick_index=run.num_ticks_done),
             "residents": residents,
             "feed": feed_events[::-1],
-            "summary": summary_data(run=run),
+            "summary": header["summary"],
         }
 
 

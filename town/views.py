@@ -39,7 +39,6 @@ def watchers_only(view):
 def _page_context(request: HttpRequest, run: Run) -> dict:
     return {
         "run": run,
-        "run_header": run_header(run),
         "can_control": can_control_runs(request.user),
         "controls": list(CONTROLS),
     }

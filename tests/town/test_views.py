@@ -202,3 +202,32 @@ def test_controls_need_the_csrf_token(run):
     token = page.cookies["csrftoken"].value
     response = client.post(f"/runs/{run.pk}/control/start/", HTTP_X_CSRFTOKEN=token)
     assert response.status_code == 200
+
+
+def test_the_live_views_entities_have_the_rest_apis_shape(client, run):
+    """One shape per entity: the snapshot's run and places, the replay's and the panel's
+    decisions are what the REST API gives for them (URLs relative, with no request)."""
+    from town.live import run_snapshot
+
+    _two_ticks(run)
+
+    def same(live: dict, rest: dict) -> bool:
+        # The REST API's URLs are absolute (it has the request), the live view's relative.
+        return json.loads(json.dumps(live).replace('"/api/', '"http://testserver/api/')) == rest
+
+    snapshot = run_snapshot(run_id=run.pk)
+    rest_run = client.get(f"/api/runs/{run.pk}/").json()
+    assert same(snapshot["run"], rest_run) and snapshot["summary"] == rest_run["summary"]
+    rest_places = client.get(f"/api/places/?town={run.town_id}").json()["results"]
+    assert [{k: v for k, v in p.items() if k != "is_open"} for p in snapshot["places"]] == (
+        rest_places
+    )
+    rest_decisions = {
+        d["id"]: d for d in client.get(f"/api/decisions/?run={run.pk}").json()["results"]
+    }
+    replay = client.get(f"/runs/{run.pk}/replay.json").json()
+    shown = [d for frame in replay["frames"] for d in frame["decisions"]]
+    aki = run.resident_states.get(resident__name="Aki").resident_id
+    shown += client.get(f"/runs/{run.pk}/residents/{aki}/").json()["decisions"]
+    assert len(shown) == 8 + 2
+    assert all(same(d, rest_decisions[d["id"]]) for d in shown)
