@@ -1,17 +1,21 @@
 """What the town view reads: a run's snapshot (the state a live client starts from, with the seq
 it is current to), a resident's detail panel, and a past run's replay, tick by tick.
 
-Plain dicts, ready for JSON; the consumer and the views only pass them on.
+Plain dicts, ready for JSON; the consumer and the views only pass them on. Each entity (run,
+place, resident, decision, summary) has the REST API's shape, from its serializer
+(town/api/serializers.py), with only what the live view adds (a place's is_open at the tick, a
+resident's thinking); the page's JS (static/town/) reads those names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 
-from town.api.serializers import PlaceSerializer, RunSerializer
+from town.api.serializers import PlaceSerializer, ResidentSerializer, RunSerializer
 from town.clock import Clock
 from town.events import (
     DECISION_APPLIED,
@@ -63,26 +67,14 @@ def _open_place_ids(views: list[tuple[Place, PlaceView]], clock: Clock) -> list[
     return [place.id for place, view in views if view.is_open(clock)]
 
 
-def resident_profile(resident: Resident) -> dict[str, Any]:
-    return {
-        "id": resident.id,
-        "name": resident.name,
-        "age": resident.age,
-        "occupation": resident.occupation,
-        "personality": resident.personality,
-        "likes": list(resident.likes),
-        "home_id": resident.home_id,
-        "workplace_id": resident.workplace_id,
-    }
-
-
-def _state(state: ResidentState) -> dict[str, Any]:
-    return {
-        "place_id": state.place_id,
-        "money": state.money,
-        "hunger": state.hunger,
-        "energy": state.energy,
-    }
+def residents_data(
+    residents: Iterable[Resident], states: Iterable[ResidentState] = ()
+) -> list[dict[str, Any]]:
+    """Residents as the REST API gives them, each with its `state` in the run (select the
+    states' place: its name is part of it)."""
+    by_resident = {state.resident_id: state for state in states}
+    context = {"states": by_resident}
+    return [dict(r) for r in ResidentSerializer(list(residents), many=True, context=context).data]
 
 
 def run_snapshot(*, run_id: int) -> dict[str, Any]:
@@ -99,10 +91,14 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
                     "resident_id", flat=True
                 )
             )
-        states = ResidentState.objects.filter(run=run).select_related("resident")
+        states = list(
+            ResidentState.objects.filter(run=run)
+            .select_related("resident", "place")
+            .order_by("resident_id")
+        )
         residents = [
-            {**resident_profile(s.resident), **_state(s), "thinking": s.resident_id in thinking}
-            for s in states.order_by("resident_id")
+            {**r, "thinking": r["id"] in thinking}
+            for r in residents_data([s.resident for s in states], states)
         ]
         feed = RunEvent.objects.filter(run=run, kind=DECISION_APPLIED, seq__lte=seq)
         feed_events = [event_message(e) for e in feed.order_by("-seq")[:NUM_FEED_EVENTS]]
@@ -136,10 +132,9 @@ def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
         .select_related("tick", "resident")
         .order_by("-tick__index")[:NUM_DETAIL_DECISIONS]
     )
+    (resident,) = residents_data([state.resident], [state])
     return {
-        **resident_profile(state.resident),
-        **_state(state),
-        "place_name": state.place.name,
+        **resident,
         "memories": [m.text for m in memories],
         "decisions": decisions_data(list(decisions)),
     }
@@ -192,7 +187,12 @@ def run_replay(*, run: Run) -> dict[str, Any]:
         )
     end_index = ticks[-1].index + 1 if ticks else 0
     end_states = {
-        str(s.resident_id): _state(s)
+        str(s.resident_id): {
+            "place_id": s.place_id,
+            "money": s.money,
+            "hunger": s.hunger,
+            "energy": s.energy,
+        }
         for s in ResidentState.objects.filter(run=run).order_by("resident_id")
     }
     open_tick = run.ticks.filter(index=end_index).first()
@@ -214,7 +214,7 @@ def run_replay(*, run: Run) -> dict[str, Any]:
     return {
         "run": run_header(run),
         "places": places_data(run=run, tick_index=0),
-        "residents": [resident_profile(r) for r in residents.values()],
+        "residents": residents_data(residents.values()),
         "memories": _replay_memories(run),
         "frames": frames,
     }

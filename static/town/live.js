@@ -73,9 +73,10 @@
     view.seq = s.seq;
     view.run = s.run;
     view.places = new Map(s.places.map((p) => [p.id, p]));
-    view.residents = new Map(s.residents.map((r) => [r.id, { ...r }]));
+    const residents = s.residents.map(panel.residentView);
+    view.residents = new Map(residents.map((r) => [r.id, r]));
     map.setPlaces(s.places);
-    map.setResidents(s.residents);
+    map.setResidents(residents);
     panel.feedReset(s.feed.map((e) => ({ d: e.data, seq: e.seq })));
     panel.renderStats({
       status: s.run.status, numTicksDone: s.run.num_ticks_done, clock: s.clock, summary: s.summary,
@@ -142,7 +143,7 @@
     if (id === null) return;
     const response = await fetch(config.residentUrl.replace(/\/0\/$/, `/${id}/`));
     if (!response.ok || view.selectedId !== id) return;
-    const detail = await response.json();
+    const detail = panel.residentView(await response.json());
     const local = view.residents.get(id);
     detail.thinking = local ? local.thinking : false;
     const place = view.places.get(detail.place_id);

@@ -107,11 +107,24 @@
     box.dataset.residentId = r.id;
   }
 
+  // A resident as the REST API gives it, its state in the run (`state`, null before any)
+  // spread on top: what this page draws and updates.
+  function residentView(r) {
+    const state = r.state;
+    if (!state) return { ...r, place_id: r.home };
+    return {
+      ...r, place_id: state.place, place_name: state.place_name,
+      money: state.money, hunger: state.hunger, energy: state.energy,
+    };
+  }
+
   function note(text) {
     const node = $("map-note");
     node.hidden = !text;
     node.textContent = text || "";
   }
 
-  window.TownPanel = { renderStats, setConnection, feedAdd, feedReset, renderResident, note };
+  window.TownPanel = {
+    renderStats, setConnection, feedAdd, feedReset, renderResident, residentView, note,
+  };
 })();

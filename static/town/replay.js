@@ -45,7 +45,7 @@
     }
     if (!step) {
       map.setResidents(replay.data.residents.map((r) => ({
-        ...r, place_id: (frame.states[String(r.id)] || {}).place_id ?? r.home_id,
+        ...r, place_id: (frame.states[String(r.id)] || {}).place_id ?? r.home,
       })));
     }
     for (const d of frame.decisions) map.say(d.resident, d.reason || `${d.action} ${d.target}`);

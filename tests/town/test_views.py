@@ -107,8 +107,9 @@ def test_resident_panel_has_state_memories_and_last_decisions(client, run):
     response = client.get(f"/runs/{run.pk}/residents/{aki.resident_id}/")
     assert response.status_code == 200
     detail = response.json()
-    assert detail["name"] == "Aki" and detail["place_name"] == "Park"
-    assert (detail["hunger"], detail["energy"], detail["money"]) == (
+    assert detail["name"] == "Aki" and detail["state"]["place_name"] == "Park"
+    state = detail["state"]  # the resident as the REST API gives it, in this run
+    assert (state["hunger"], state["energy"], state["money"]) == (
         aki.hunger,
         aki.energy,
         aki.money,
@@ -205,8 +206,9 @@ def test_controls_need_the_csrf_token(run):
 
 
 def test_the_live_views_entities_have_the_rest_apis_shape(client, run):
-    """One shape per entity: the snapshot's run and places, the replay's and the panel's
-    decisions are what the REST API gives for them (URLs relative, with no request)."""
+    """One shape per entity: the snapshot's run, places and residents, the panel's resident, the
+    replay's and the panel's decisions are what the REST API gives for them (URLs relative,
+    with no request)."""
     from town.live import run_snapshot
 
     _two_ticks(run)
@@ -231,3 +233,11 @@ def test_the_live_views_entities_have_the_rest_apis_shape(client, run):
     shown += client.get(f"/runs/{run.pk}/residents/{aki}/").json()["decisions"]
     assert len(shown) == 8 + 2
     assert all(same(d, rest_decisions[d["id"]]) for d in shown)
+    rest_residents = client.get(f"/api/residents/?town={run.town_id}&run={run.pk}").json()
+    live_residents = [
+        {k: v for k, v in r.items() if k != "thinking"} for r in snapshot["residents"]
+    ]
+    assert live_residents == rest_residents["results"]
+    panel = client.get(f"/runs/{run.pk}/residents/{aki}/").json()
+    rest_aki = client.get(f"/api/residents/{aki}/?run={run.pk}").json()
+    assert {k: v for k, v in panel.items() if k not in ("memories", "decisions")} == rest_aki
