@@ -8,7 +8,8 @@ loop; print the URL. Each child's output is shown prefixed with its name. Ctrl-C
 SIGTERM stops the tick loop first, then the web server and the workers, then Redis; a child
 that does not stop within its timeout is killed. If any child dies, everything is stopped.
 
-Environment (besides the settings' own, see pokosite/settings/base.py):
+Environment (besides the settings' own, see pokosite/settings/base.py; both read with
+pokosite/env.py):
   POKOMACHI_HOST (127.0.0.1), POKOMACHI_PORT (8000)    where daphne listens
   POKOMACHI_WORKER_CONCURRENCY (4)                     threads per node worker
 """
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+
+from pokosite.env import EnvError, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MANAGE_PY = BASE_DIR / "manage.py"
@@ -59,15 +62,6 @@ class LaunchPlan:
         return f"http://{self.host}:{self.port}/"
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise LaunchError(f"{name}={raw!r}: must be a whole number from {low} to {high}")
-    return int(raw)
-
-
 def launch_plan(
     *,
     env: Mapping[str, str],
@@ -79,9 +73,12 @@ def launch_plan(
     """What `make run` starts for this environment and these nodes (pure: starts nothing)."""
     if not nodes:
         raise LaunchError("no inference nodes configured: set POKOMACHI_NODES, e.g. 'local'")
-    host = env.get("POKOMACHI_HOST", "").strip() or "127.0.0.1"
-    port = _env_int(env, "POKOMACHI_PORT", 8000, 1, 65535)
-    concurrency = _env_int(env, "POKOMACHI_WORKER_CONCURRENCY", 4, 1, 64)
+    host = env_str("POKOMACHI_HOST", "127.0.0.1", env=env)
+    try:
+        port = env_int("POKOMACHI_PORT", 8000, low=1, high=65535, env=env)
+        concurrency = env_int("POKOMACHI_WORKER_CONCURRENCY", 4, low=1, high=64, env=env)
+    except EnvError as exc:
+        raise LaunchError(str(exc)) from None
     children = [
         ChildSpec(
             name=f"worker-{node}",
@@ -117,7 +114,7 @@ def launch_plan(
         host=host,
         port=port,
         nodes=list(nodes),
-        embedded_redis=not env.get("REDIS_URL", "").strip(),
+        embedded_redis=not env_str("REDIS_URL", env=env),
         children=children,
     )
 

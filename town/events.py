@@ -8,11 +8,11 @@ in that order: when event N reaches a consumer, events 1..N-1 are in the databas
 the consumer can fill any gap (a group message dropped or overtaken) from there. A client that
 reconnects says the last seq it saw and gets exactly what it missed (`events_after`).
 
-Event kinds and their data (ids are database ids; every event also has seq, kind, at):
-  decision.started   decision_id, resident_id, tick_index, node — the decision was sent to its
-                     node: the resident is thinking
-  decision.applied   decision_id, resident_id, resident_name, tick_index, action, target,
-                     reason, valid, error, status, tokens and latencies (see `decision_numbers`)
+Event kinds and their data (ids are database ids; every event also has seq, kind, at). An
+entity has one shape, the REST API's: a decision is what GET /api/decisions/ lists for it
+(town/api/serializers.py: DecisionSerializer), a summary what a run's `summary` says.
+  decision.started   the decision, just sent to its node: the resident is thinking
+  decision.applied   the decision, applied to the town
   resident.moved     resident_id, from_place_id, to_place_id, tick_index
   tick.advanced      tick_index, num_ticks_done, clock, open_place_ids, residents, summary
   run.state          status, num_ticks_done, num_steps_pending
@@ -28,6 +28,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import Max
 
+from town.api.serializers import DecisionSerializer, RunSummarySerializer
 from town.models import Decision, Run, RunEvent, Tick
 from town.selectors import run_clock, run_summary
 from town.world import World
@@ -99,36 +100,11 @@ def last_seq(*, run_id: int) -> int:
 # What each event says, built from the objects the services hold.
 
 
-def decision_numbers(decision: Decision) -> dict[str, Any]:
-    """Tokens and latencies of a decision (latency_s: the app's dispatched → answered)."""
-    return {
-        "num_prompt_tokens": decision.num_prompt_tokens,
-        "num_cached_tokens": decision.num_cached_tokens,
-        "num_output_tokens": decision.num_output_tokens,
-        "latency_s": decision.app_e2e_s,
-        "engine_e2e_s": decision.engine_e2e_s,
-        "queue_s": decision.queue_s,
-        "prefill_s": decision.prefill_s,
-        "decode_s": decision.decode_s,
-    }
-
-
-def decision_applied_data(
-    decision: Decision, *, tick_index: int, resident_name: str
-) -> dict[str, Any]:
-    return {
-        "decision_id": decision.pk,
-        "resident_id": decision.resident_id,
-        "resident_name": resident_name,
-        "tick_index": tick_index,
-        "action": decision.action,
-        "target": decision.target,
-        "reason": decision.reason,
-        "valid": decision.valid,
-        "error": decision.error,
-        "status": decision.status,
-        **decision_numbers(decision),
-    }
+def decisions_data(decisions: list[Decision]) -> list[dict[str, Any]]:
+    """Decisions as the REST API lists them (URLs relative: no request); give them with their
+    tick and resident selected, or each costs two queries."""
+    serialized = DecisionSerializer(decisions, many=True, context={"request": None}).data
+    return [dict(d) for d in serialized]
 
 
 def clock_data(*, run: Run, tick_index: int) -> dict[str, Any]:
@@ -143,14 +119,7 @@ def clock_data(*, run: Run, tick_index: int) -> dict[str, Any]:
 
 
 def summary_data(*, run: Run) -> dict[str, Any]:
-    summary = run_summary(run=run)
-    return {
-        "num_decisions": summary.num_decisions,
-        "token_cache_hit_rate": summary.token_cache_hit_rate,
-        "median_e2e_s": summary.median_e2e_s,
-        "mean_cached_tokens": summary.mean_cached_tokens,
-        "mean_prompt_tokens": summary.mean_prompt_tokens,
-    }
+    return dict(RunSummarySerializer(run_summary(run=run)).data)
 
 
 def run_state_data(run: Run) -> dict[str, Any]:
@@ -165,16 +134,9 @@ def run_state_data(run: Run) -> dict[str, Any]:
 
 
 def decision_started_emit(*, decision: Decision, tick_index: int) -> None:
-    event_emit(
-        run_id=decision.run_id,
-        kind=DECISION_STARTED,
-        data={
-            "decision_id": decision.pk,
-            "resident_id": decision.resident_id,
-            "tick_index": tick_index,
-            "node": decision.node,
-        },
-    )
+    assert decision.tick.index == tick_index, (decision.tick.index, tick_index)
+    (data,) = decisions_data([decision])
+    event_emit(run_id=decision.run_id, kind=DECISION_STARTED, data=data)
 
 
 def run_state_emit(*, run: Run) -> None:
@@ -192,16 +154,11 @@ def tick_finished_emit(
 ) -> None:
     """A finished tick, in the order a viewer should see it: each decision, who moved where,
     the new clock and states, and the run's state if the tick ended the run."""
-    for decision in decisions:
-        event_emit(
-            run_id=run.pk,
-            kind=DECISION_APPLIED,
-            data=decision_applied_data(
-                decision,
-                tick_index=tick.index,
-                resident_name=world.resident(decision.resident_id).name,
-            ),
-        )
+    applied = Decision.objects.filter(pk__in=[d.pk for d in decisions]).select_related(
+        "tick", "resident"
+    )
+    for data in decisions_data(list(applied.order_by("resident_id"))):
+        event_emit(run_id=run.pk, kind=DECISION_APPLIED, data=data)
     for resident in world.residents:
         before = places_before[resident.id]
         if resident.place_id != before:

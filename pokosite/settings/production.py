@@ -9,23 +9,15 @@ Dockerfile runs), placed after the Cloudflare Access middleware so they too need
 
 from __future__ import annotations
 
-import os
-
 from django.core.exceptions import ImproperlyConfigured
 
+from pokosite.env import env_bool, env_int, env_list, env_str
 from pokosite.settings.base import *  # noqa: F403
-from pokosite.settings.base import (
-    CF_ACCESS_TEAM_DOMAIN,
-    MIDDLEWARE,
-    TOWN_VIEW_LOGIN_REQUIRED,
-    env_bool,
-    env_int,
-    env_list,
-)
+from pokosite.settings.base import CF_ACCESS_TEAM_DOMAIN, MIDDLEWARE, TOWN_VIEW_LOGIN_REQUIRED
 
 
 def _env_required(name: str, hint: str) -> str:
-    value = os.environ.get(name, "").strip()
+    value = env_str(name)
     if not value:
         raise ImproperlyConfigured(f"{name} must be set in production: {hint}")
     return value

@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from pokosite.env import env_str
 from pokosite.settings.base import *  # noqa: F403
 from pokosite.settings.base import DATABASES, channel_layers
 
@@ -22,7 +23,7 @@ SECRET_KEY = "test-only-secret-key"
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-_child_db_name = os.environ.get("POKOMACHI_TEST_DB_NAME")
+_child_db_name = env_str("POKOMACHI_TEST_DB_NAME")
 if _child_db_name:
     DATABASES["default"]["NAME"] = _child_db_name
     DATABASES["default"]["TEST"] = {"NAME": _child_db_name}
@@ -31,13 +32,13 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["NAME"] = _db_file
     DATABASES["default"]["TEST"] = {"NAME": _db_file}
 
-REDIS_URL = os.environ.get("POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = env_str("POKOMACHI_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CHANNEL_LAYERS = channel_layers(REDIS_URL)
 
 # Tests run the tiny random-weight model unless they ask for the real one.
 INFERENCE_ENGINE = {
-    "model": os.environ.get("POKOMACHI_MODEL", "smollm2-tiny-random"),
-    "device": os.environ.get("POKOMACHI_DEVICE", "cpu"),
+    "model": env_str("POKOMACHI_MODEL", "smollm2-tiny-random"),
+    "device": env_str("POKOMACHI_DEVICE", "cpu"),
 }

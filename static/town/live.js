@@ -73,9 +73,10 @@
     view.seq = s.seq;
     view.run = s.run;
     view.places = new Map(s.places.map((p) => [p.id, p]));
-    view.residents = new Map(s.residents.map((r) => [r.id, { ...r }]));
+    const residents = s.residents.map(panel.residentView);
+    view.residents = new Map(residents.map((r) => [r.id, r]));
     map.setPlaces(s.places);
-    map.setResidents(s.residents);
+    map.setResidents(residents);
     panel.feedReset(s.feed.map((e) => ({ d: e.data, seq: e.seq })));
     panel.renderStats({
       status: s.run.status, numTicksDone: s.run.num_ticks_done, clock: s.clock, summary: s.summary,
@@ -86,7 +87,9 @@
   }
 
   function applyEvent({ kind, data, seq }) {
-    const resident = view.residents.get(data.resident_id);
+    // A decision event carries the decision as the REST API gives it (its resident: an id).
+    const residentId = kind.startsWith("decision.") ? data.resident : data.resident_id;
+    const resident = view.residents.get(residentId);
     switch (kind) {
       case "run.state":
         view.run = { ...view.run, ...data };
@@ -95,14 +98,14 @@
       case "decision.started":
         view.thinkingEvents += 1;
         if (resident) resident.thinking = true;
-        map.setThinking(data.resident_id, true);
-        if (data.resident_id === view.selectedId) refreshSelected();
+        map.setThinking(residentId, true);
+        if (residentId === view.selectedId) refreshSelected();
         break;
       case "decision.applied": {
         if (resident) resident.thinking = false;
-        map.setThinking(data.resident_id, false);
+        map.setThinking(residentId, false);
         const said = data.reason || (data.action ? `${data.action} ${data.target}` : data.error);
-        map.say(data.resident_id, said);
+        map.say(residentId, said);
         panel.feedAdd(data, seq);
         break;
       }
@@ -140,7 +143,7 @@
     if (id === null) return;
     const response = await fetch(config.residentUrl.replace(/\/0\/$/, `/${id}/`));
     if (!response.ok || view.selectedId !== id) return;
-    const detail = await response.json();
+    const detail = panel.residentView(await response.json());
     const local = view.residents.get(id);
     detail.thinking = local ? local.thinking : false;
     const place = view.places.get(detail.place_id);

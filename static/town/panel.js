@@ -58,9 +58,9 @@
         el("span", { class: "tick" }, `tick ${d.tick_index}`)),
       d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
       d.error ? el("div", { class: "error" }, d.error) : null,
-      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`),
+      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`),
     );
-    item.dataset.residentId = d.resident_id;
+    item.dataset.residentId = d.resident;
     return item;
   }
 
@@ -89,7 +89,7 @@
       el("li", {}, el("span", { class: "act" }, `tick ${d.tick_index}: ${actionText(d)}`),
         d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
         d.error ? el("div", { class: "error" }, d.error) : null,
-        el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.latency_s)}`)));
+        el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`)));
     box.replaceChildren(
       el("div", { class: "who" }, el("b", {}, r.name), ` ${r.age}, ${r.occupation}`),
       el("div", { class: "where" }, `at ${placeName}`, r.thinking ? " · thinking…" : ""),
@@ -107,11 +107,24 @@
     box.dataset.residentId = r.id;
   }
 
+  // A resident as the REST API gives it, its state in the run (`state`, null before any)
+  // spread on top: what this page draws and updates.
+  function residentView(r) {
+    const state = r.state;
+    if (!state) return { ...r, place_id: r.home };
+    return {
+      ...r, place_id: state.place, place_name: state.place_name,
+      money: state.money, hunger: state.hunger, energy: state.energy,
+    };
+  }
+
   function note(text) {
     const node = $("map-note");
     node.hidden = !text;
     node.textContent = text || "";
   }
 
-  window.TownPanel = { renderStats, setConnection, feedAdd, feedReset, renderResident, note };
+  window.TownPanel = {
+    renderStats, setConnection, feedAdd, feedReset, renderResident, residentView, note,
+  };
 })();

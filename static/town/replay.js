@@ -20,7 +20,7 @@
     const decisions = [];
     for (const f of replay.data.frames) {
       if (f.tick_index > frame.tick_index) break;
-      for (const d of f.decisions) if (d.resident_id === id) decisions.unshift(d);
+      for (const d of f.decisions) if (d.resident === id) decisions.unshift(d);
     }
     // Memories made before this frame's tick (a background one has no tick).
     const memories = (replay.data.memories[String(id)] || [])
@@ -45,10 +45,10 @@
     }
     if (!step) {
       map.setResidents(replay.data.residents.map((r) => ({
-        ...r, place_id: (frame.states[String(r.id)] || {}).place_id ?? r.home_id,
+        ...r, place_id: (frame.states[String(r.id)] || {}).place_id ?? r.home,
       })));
     }
-    for (const d of frame.decisions) map.say(d.resident_id, d.reason || `${d.action} ${d.target}`);
+    for (const d of frame.decisions) map.say(d.resident, d.reason || `${d.action} ${d.target}`);
     const done = frames.slice(0, index).flatMap((f) => f.decisions);
     panel.feedReset([...done, ...frame.decisions].map((d) => ({ d, seq: null })).slice(-60));
     panel.renderStats({ numTicksDone: frame.tick_index, clock: frame.clock, summary: summarize(done) });
@@ -59,7 +59,7 @@
     const answered = decisions.filter((d) => d.num_prompt_tokens !== null);
     const prompt = answered.reduce((a, d) => a + d.num_prompt_tokens, 0);
     const cached = answered.reduce((a, d) => a + (d.num_cached_tokens || 0), 0);
-    const latencies = answered.map((d) => d.latency_s).filter((x) => x !== null).sort((a, b) => a - b);
+    const latencies = answered.map((d) => d.app_e2e_s).filter((x) => x !== null).sort((a, b) => a - b);
     const mid = Math.floor(latencies.length / 2);
     const median = !latencies.length ? 0
       : latencies.length % 2 ? latencies[mid] : (latencies[mid - 1] + latencies[mid]) / 2;

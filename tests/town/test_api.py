@@ -265,6 +265,58 @@ def test_openapi_schema_validates_and_docs_use_vendored_assets(api, db):
         assert "drf_spectacular_sidecar" in html and "cdn" not in html.lower()
 
 
+def test_the_run_list_reads_every_summary_in_one_query(api, db, django_assert_max_num_queries):
+    """The run list's summaries are one query per page, not one per run (an N+1 before)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    town = small_town_factory()
+    first, _ = _with_tick(town)
+    with CaptureQueriesContext(connection) as one_run:
+        page = api.get("/api/runs/").json()
+    assert page["results"][0]["summary"]["num_decisions"] == 2
+    for _ in range(5):
+        _with_tick(town)
+    with django_assert_max_num_queries(len(one_run)):
+        page = api.get("/api/runs/").json()
+    assert page["count"] == 6
+    summaries = [row["summary"] for row in page["results"]]
+    assert [s["num_decisions"] for s in summaries] == [2] * 6
+    assert summaries[-1]["token_cache_hit_rate"] == 0.3  # 60 of 200 prompt tokens
+    assert api.get(f"/api/runs/{first.pk}/").json()["summary"] == summaries[-1]
+
+
+def test_openapi_schema_lists_each_list_endpoints_filter_parameters(api, db):
+    schema = json.loads(api.get("/api/schema/?format=json").content)
+
+    def parameters(path: str) -> dict[str, dict]:
+        return {p["name"]: p for p in schema["paths"][path]["get"]["parameters"]}
+
+    decisions = parameters("/api/decisions/")
+    assert {"run", "resident", "tick", "node", "status", "valid", "action"} <= set(decisions)
+    for name in ("run", "resident", "tick"):
+        assert decisions[name]["schema"]["type"] == "integer", name
+        assert decisions[name]["in"] == "query" and decisions[name]["description"]
+    assert decisions["valid"]["schema"]["type"] == "boolean"
+    assert set(decisions["status"]["schema"]["enum"]) == set(Decision.Status.values)
+    for path in ("/api/places/", "/api/residents/", "/api/runs/"):
+        assert parameters(path)["town"]["schema"]["type"] == "integer", path
+    assert parameters("/api/ticks/")["run"]["schema"]["type"] == "integer"
+    assert "state in this run" in parameters("/api/residents/")["run"]["description"]
+    assert "state in this run" in parameters("/api/residents/{id}/")["run"]["description"]
+
+
+def test_filter_parameters_read_as_before(api, db):
+    run, _ = _with_tick(small_town_factory())
+    assert api.get(f"/api/decisions/?run={run.pk}&valid=").json()["count"] == 4  # blank: all
+    assert api.get(f"/api/decisions/?run={run.pk}&valid=no").json()["count"] == 0
+    assert api.get(f"/api/decisions/?run={run.pk}&status=&node=").json()["count"] == 4
+    assert api.get(f"/api/runs/?town={run.town_id + 1}").json()["count"] == 0
+    bad = api.get("/api/decisions/?status=done&run=abc").json()
+    assert bad["status"] == ["must be one of " + ", ".join(D.values) + "; got 'done'"]
+    assert bad["run"] == ["must be a whole number (an id), got 'abc'"]
+
+
 def _wait_for(decision_id: int, statuses: tuple[str, ...], api: APIClient, timeout_s=120) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -104,7 +104,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     thinking = page.evaluate(
         "[...townView.map.residents.values()].filter((f) => f.thinking).map((f) => f.id)"
     )
-    assert sorted(thinking) == sorted(e.data["resident_id"] for e in started)
+    assert sorted(thinking) == sorted(e.data["resident"] for e in started)
     assert page.locator("#feed .feed-item").count() == 0
     tick.join()
     newest = off_loop(last_seq, run_id=run.pk)

@@ -232,12 +232,8 @@ def test_a_tick_streams_thinking_then_decisions_in_seq_order(run):
         newest = await database_sync_to_async(events.last_seq)(run_id=run.pk)
         got = await _events(ws, newest - snapshot["seq"])
         assert [m["seq"] for m in got] == list(range(snapshot["seq"] + 1, newest + 1))
-        started = {
-            m["data"]["resident_id"]: m["seq"] for m in got if m["kind"] == "decision.started"
-        }
-        applied = {
-            m["data"]["resident_id"]: m["seq"] for m in got if m["kind"] == "decision.applied"
-        }
+        started = {m["data"]["resident"]: m["seq"] for m in got if m["kind"] == "decision.started"}
+        applied = {m["data"]["resident"]: m["seq"] for m in got if m["kind"] == "decision.applied"}
         assert set(started) == set(applied) == {r["id"] for r in snapshot["residents"]}
         assert all(started[r] < applied[r] for r in started)
         assert await ws.receive_nothing(timeout=0.3)

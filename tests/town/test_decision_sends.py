@@ -46,7 +46,7 @@ def test_a_lost_first_send_is_sent_again_and_computed_once(settings, inline_send
         assert [s for i, s in sends if i == d.pk] == list(range(1, d.num_sends + 1))
     # One "thinking" event per decision, however often it was sent.
     started = RunEvent.objects.filter(run=run, kind=events.DECISION_STARTED)
-    assert sorted(e.data["decision_id"] for e in started) == sorted(d.pk for d in decisions)
+    assert sorted(e.data["id"] for e in started) == sorted(d.pk for d in decisions)
 
 
 def test_a_decision_begun_by_a_worker_is_not_sent_again(settings):

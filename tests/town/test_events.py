@@ -4,12 +4,14 @@ missed some."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
+from rest_framework.test import APIClient
 
 from tests.town.factories import run_factory, small_town_factory
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
@@ -126,15 +128,45 @@ def test_a_tick_emits_started_applied_moved_and_advanced_in_order():
 
     decisions = {d.pk: d for d in Decision.objects.filter(tick=tick).select_related("resident")}
     started = [e.data for e in stored[1:5]]
-    assert sorted(e["decision_id"] for e in started) == sorted(decisions)
+    # A decision event carries the decision as GET /api/decisions/ lists it.
+    assert sorted(e["id"] for e in started) == sorted(decisions)
     for data in started:
-        d = decisions[data["decision_id"]]
-        assert (data["resident_id"], data["tick_index"], data["node"]) == (
+        d = decisions[data["id"]]
+        assert (data["resident"], data["tick_index"], data["node"]) == (
             d.resident_id,
             tick.index,
             d.node,
         )
     for event in stored[5:9]:
-        d = decisions[event.data["decision_id"]]
+        d = decisions[event.data["id"]]
         assert event.data["resident_name"] == d.resident.name
         assert (event.data["action"], event.data["target"]) == (d.action, d.target)
+
+    # One shape per entity: the REST API's decision and summary are the events'.
+    api = APIClient()
+    listed = {row["id"]: row for row in api.get(f"/api/decisions/?run={run.pk}").json()["results"]}
+    for event in stored[5:9]:
+        row = listed[event.data["id"]]
+        assert row["url"].endswith(event.data["url"])
+        assert {**event.data, "url": row["url"]} == row
+    advanced = next(e for e in stored if e.kind == "tick.advanced")
+    assert advanced.data["summary"] == api.get(f"/api/runs/{run.pk}/").json()["summary"]
+
+
+def test_stored_decision_events_of_earlier_runs_take_the_new_shape():
+    """Migration 0007 renames the keys of decision events stored before (and back)."""
+    from django.apps import apps
+
+    migration = importlib.import_module("town.migrations.0007_run_event_decision_shape")
+    run = run_factory(town=small_town_factory())
+    old = {"decision_id": 7, "resident_id": 3, "latency_s": 1.5, "action": "go"}
+    event = RunEvent.objects.create(run=run, seq=1, kind="decision.applied", data=old)
+    moved = RunEvent.objects.create(run=run, seq=2, kind="resident.moved", data={"resident_id": 3})
+    migration.forwards(apps, None)
+    event.refresh_from_db()
+    moved.refresh_from_db()
+    assert event.data == {"id": 7, "resident": 3, "app_e2e_s": 1.5, "action": "go"}
+    assert moved.data == {"resident_id": 3}
+    migration.backwards(apps, None)
+    event.refresh_from_db()
+    assert event.data == old

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from django.db import IntegrityError, transaction
 
 from tests.town.factories import run_factory, small_town_factory
 from town import services
@@ -60,11 +61,41 @@ def test_run_create_starts_everyone_at_home():
         ({"retention_interval": 2048}, "set POKOMACHI_RETENTION_INTERVAL=2048"),
         ({"num_residents": 99}, "num_residents must be between 1"),
         ({"diary_chars": -1}, "diary_chars must be 0 or more"),
+        ({"minutes_per_tick": 0}, "minutes_per_tick must be at least 1, got 0"),
+        ({"decision_timeout_s": 0.0}, "decision_timeout_s must be positive"),
+        ({"decision_timeout_s": float("nan")}, "decision_timeout_s must be positive"),
+        ({"temperature": 2.5}, r"temperature must be within 0\.\.2"),
+        ({"temperature": float("nan")}, r"temperature must be within 0\.\.2"),
     ],
 )
 def test_run_create_refuses_bad_input(fields, message):
     with pytest.raises(TownError, match=message):
         run_factory(town=small_town_factory(), **fields)
+    assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"layout": "fancy"},
+        {"concurrency": 0},
+        {"ticks_target": 0},
+        {"minutes_per_tick": 0},
+        {"decision_timeout_s": 0.0},
+        {"temperature": -0.5},
+        {"temperature": 2.5},
+    ],
+)
+def test_the_database_refuses_a_bad_run_whatever_writes_it(fields):
+    """The CHECK constraints hold for writes that skip the validators (update(), raw saves)."""
+    run = run_factory(town=small_town_factory())
+    refused = r"CHECK constraint failed|violates check constraint"
+    with pytest.raises(IntegrityError, match=refused), transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(**fields)
+    with pytest.raises(IntegrityError, match=refused), transaction.atomic():
+        Run.objects.create(town=run.town, model=run.model, nodes=["local"], **fields)
+    run.refresh_from_db()
+    assert run.concurrency == 4 and Run.objects.count() == 1
 
 
 def test_run_controls_follow_the_state_machine():

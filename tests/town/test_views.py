@@ -107,8 +107,9 @@ def test_resident_panel_has_state_memories_and_last_decisions(client, run):
     response = client.get(f"/runs/{run.pk}/residents/{aki.resident_id}/")
     assert response.status_code == 200
     detail = response.json()
-    assert detail["name"] == "Aki" and detail["place_name"] == "Park"
-    assert (detail["hunger"], detail["energy"], detail["money"]) == (
+    assert detail["name"] == "Aki" and detail["state"]["place_name"] == "Park"
+    state = detail["state"]  # the resident as the REST API gives it, in this run
+    assert (state["hunger"], state["energy"], state["money"]) == (
         aki.hunger,
         aki.energy,
         aki.money,
@@ -117,7 +118,7 @@ def test_resident_panel_has_state_memories_and_last_decisions(client, run):
     assert detail["memories"]
     assert [(d["tick_index"], d["action"]) for d in detail["decisions"]] == [(1, "stay"), (0, "go")]
     assert detail["decisions"][0]["num_cached_tokens"] == 600
-    assert detail["decisions"][0]["latency_s"] == 0.5
+    assert detail["decisions"][0]["app_e2e_s"] == 0.5
     other_run = run_factory(town=small_town_factory())
     stranger = other_run.resident_states.first().resident_id
     assert client.get(f"/runs/{run.pk}/residents/{stranger}/").status_code == 404
@@ -202,3 +203,41 @@ def test_controls_need_the_csrf_token(run):
     token = page.cookies["csrftoken"].value
     response = client.post(f"/runs/{run.pk}/control/start/", HTTP_X_CSRFTOKEN=token)
     assert response.status_code == 200
+
+
+def test_the_live_views_entities_have_the_rest_apis_shape(client, run):
+    """One shape per entity: the snapshot's run, places and residents, the panel's resident, the
+    replay's and the panel's decisions are what the REST API gives for them (URLs relative,
+    with no request)."""
+    from town.live import run_snapshot
+
+    _two_ticks(run)
+
+    def same(live: dict, rest: dict) -> bool:
+        # The REST API's URLs are absolute (it has the request), the live view's relative.
+        return json.loads(json.dumps(live).replace('"/api/', '"http://testserver/api/')) == rest
+
+    snapshot = run_snapshot(run_id=run.pk)
+    rest_run = client.get(f"/api/runs/{run.pk}/").json()
+    assert same(snapshot["run"], rest_run) and snapshot["summary"] == rest_run["summary"]
+    rest_places = client.get(f"/api/places/?town={run.town_id}").json()["results"]
+    assert [{k: v for k, v in p.items() if k != "is_open"} for p in snapshot["places"]] == (
+        rest_places
+    )
+    rest_decisions = {
+        d["id"]: d for d in client.get(f"/api/decisions/?run={run.pk}").json()["results"]
+    }
+    replay = client.get(f"/runs/{run.pk}/replay.json").json()
+    shown = [d for frame in replay["frames"] for d in frame["decisions"]]
+    aki = run.resident_states.get(resident__name="Aki").resident_id
+    shown += client.get(f"/runs/{run.pk}/residents/{aki}/").json()["decisions"]
+    assert len(shown) == 8 + 2
+    assert all(same(d, rest_decisions[d["id"]]) for d in shown)
+    rest_residents = client.get(f"/api/residents/?town={run.town_id}&run={run.pk}").json()
+    live_residents = [
+        {k: v for k, v in r.items() if k != "thinking"} for r in snapshot["residents"]
+    ]
+    assert live_residents == rest_residents["results"]
+    panel = client.get(f"/runs/{run.pk}/residents/{aki}/").json()
+    rest_aki = client.get(f"/api/residents/{aki}/?run={run.pk}").json()
+    assert {k: v for k, v in panel.items() if k not in ("memories", "decisions")} == rest_aki

@@ -8,12 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from inference.task_queue import TaskQueueUnavailable
-from town.api.fields import ID_MAX
 from town.errors import RunStateError, TownError
 
 
@@ -32,37 +30,3 @@ class TownApiErrorsMixin:
 
     def get_exception_handler(self):
         return api_exception_handler
-
-
-def int_param(params: Any, name: str) -> int | None:
-    """An integer query parameter, None when absent; 400 naming the parameter when malformed."""
-    raw = params.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [f"must be a whole number (an id), got {raw!r}"]}) from None
-    if not 1 <= value <= ID_MAX:
-        raise ValidationError({name: [f"must be an id between 1 and {ID_MAX}, got {raw[:40]}"]})
-    return value
-
-
-def bool_param(params: Any, name: str) -> bool | None:
-    raw = params.get(name)
-    if raw in (None, ""):
-        return None
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise ValidationError({name: [f"must be true or false, got {raw!r}"]})
-
-
-def choice_param(params: Any, name: str, choices: list[str]) -> str | None:
-    raw = params.get(name)
-    if raw in (None, ""):
-        return None
-    if raw not in choices:
-        raise ValidationError({name: [f"must be one of {', '.join(choices)}; got {raw!r}"]})
-    return raw

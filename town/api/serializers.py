@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from town.api.fields import DatabaseIntegerField, FiniteFloatField, IdField
+from town.clock import hours_label
 from town.models import (
     DECISION_METRIC_FIELDS,
     Decision,
@@ -20,7 +21,7 @@ from town.models import (
     Town,
 )
 from town.prompts import LAYOUTS
-from town.selectors import run_summary
+from town.selectors import run_summaries, run_summary
 
 # Bounds on a run's settings: far above any sensible run, far below what breaks something.
 MAX_CONCURRENCY = 256  # decisions in flight
@@ -41,6 +42,8 @@ class TownSerializer(serializers.HyperlinkedModelSerializer):
 
 
 class PlaceSerializer(serializers.ModelSerializer):
+    hours = serializers.SerializerMethodField(help_text='Opening hours, e.g. "08:00–20:00".')
+
     class Meta:
         model = Place
         fields = [
@@ -54,9 +57,13 @@ class PlaceSerializer(serializers.ModelSerializer):
             "y",
             "opens_at",
             "closes_at",
+            "hours",
             "capacity",
             "menu",
         ]
+
+    def get_hours(self, place: Place) -> str:
+        return hours_label(opens_at=place.opens_at, closes_at=place.closes_at)
 
 
 class ResidentStateSerializer(serializers.ModelSerializer):
@@ -113,11 +120,21 @@ class RunSummarySerializer(serializers.Serializer):
     median_engine_e2e_s = serializers.FloatField()
 
 
+class RunListSerializer(serializers.ListSerializer):
+    """Many runs: every summary from one query (selectors.run_summaries), not one per run."""
+
+    def to_representation(self, data):
+        runs = list(data.all() if hasattr(data, "all") else data)
+        self.context["summaries"] = run_summaries(run_ids=[run.pk for run in runs])
+        return super().to_representation(runs)
+
+
 class RunSerializer(serializers.HyperlinkedModelSerializer):
     summary = serializers.SerializerMethodField(help_text="The talk's summary table (slide 15).")
 
     class Meta:
         model = Run
+        list_serializer_class = RunListSerializer
         fields = [
             "id",
             "url",
@@ -149,7 +166,8 @@ class RunSerializer(serializers.HyperlinkedModelSerializer):
 
     @extend_schema_field(RunSummarySerializer)
     def get_summary(self, run: Run) -> dict[str, Any]:
-        return dataclasses.asdict(run_summary(run=run))
+        summary = self.context.get("summaries", {}).get(run.pk) or run_summary(run=run)
+        return dataclasses.asdict(summary)
 
 
 class RunCreateSerializer(serializers.Serializer):

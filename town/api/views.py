@@ -7,6 +7,7 @@ Errors are answered by town/api/errors.py: unknown ids 404, bad bodies and query
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
@@ -18,8 +19,16 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
 from town import services
-from town.api.errors import TownApiErrorsMixin, bool_param, choice_param, int_param
+from town.api.errors import TownApiErrorsMixin
 from town.api.fields import ID_REGEX
+from town.api.filters import (
+    STATE_RUN_HELP,
+    DecisionFilter,
+    PlaceFilter,
+    ResidentFilter,
+    RunFilter,
+    TickFilter,
+)
 from town.api.parsers import BoundedJSONParser
 from town.api.permissions import RunPolicy
 from town.api.serializers import (
@@ -48,15 +57,12 @@ class Pagination(PageNumberPagination):
     max_page_size = 500
 
 
-def _id_param(name: str, what: str) -> OpenApiParameter:
-    return OpenApiParameter(name, OpenApiTypes.INT, description=f"Only those of this {what}.")
-
-
 class _Base(TownApiErrorsMixin, viewsets.GenericViewSet):
     """Reading as watching a run; changing a run or asking for a decision as the run pages'
     controls (town/api/permissions.py)."""
 
     pagination_class = Pagination
+    filter_backends = [DjangoFilterBackend]  # each list's parameters: town/api/filters.py
     parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
     permission_classes = [RunPolicy]
     lookup_value_regex = ID_REGEX  # a longer number is no id: 404, not an overflow
@@ -67,32 +73,21 @@ class TownViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     serializer_class = TownSerializer
 
 
-@extend_schema_view(list=extend_schema(parameters=[_id_param("town", "town")]))
 class PlaceViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Place.objects.order_by("id")
     serializer_class = PlaceSerializer
-
-    def get_queryset(self) -> QuerySet[Place]:
-        places = Place.objects.order_by("id")
-        town_id = int_param(self.request.query_params, "town")
-        return places if town_id is None else places.filter(town_id=town_id)
-
-
-_run_param = OpenApiParameter(
-    "run", OpenApiTypes.INT, description="Show each resident's state in this run."
-)
+    filterset_class = PlaceFilter
 
 
 @extend_schema_view(
-    list=extend_schema(parameters=[_id_param("town", "town"), _run_param]),
-    retrieve=extend_schema(parameters=[_run_param]),
+    retrieve=extend_schema(
+        parameters=[OpenApiParameter("run", OpenApiTypes.INT, description=STATE_RUN_HELP)]
+    )
 )
 class ResidentViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Resident.objects.order_by("id")
     serializer_class = ResidentSerializer
-
-    def get_queryset(self) -> QuerySet[Resident]:
-        residents = Resident.objects.order_by("id")
-        town_id = int_param(self.request.query_params, "town")
-        return residents if town_id is None else residents.filter(town_id=town_id)
+    filterset_class = ResidentFilter
 
     def get_serializer(self, *args, **kwargs):
         instance = args[0] if args else None
@@ -100,10 +95,15 @@ class ResidentViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
             items = instance if isinstance(instance, list | QuerySet) else [instance]
             kwargs.setdefault("context", self.get_serializer_context())
             kwargs["context"]["states"] = resident_states(
-                resident_ids=[r.pk for r in items],
-                run_id=int_param(self.request.query_params, "run"),
+                resident_ids=[r.pk for r in items], run_id=self._state_run_id()
             )
         return super().get_serializer(*args, **kwargs)
+
+    def _state_run_id(self) -> int | None:
+        """?run=, checked already by filter_queryset (a bad one was a 400 before this)."""
+        params = ResidentFilter(self.request.query_params, queryset=self.queryset)
+        params.is_valid()
+        return params.form.cleaned_data.get("run")
 
 
 _error_responses = {400: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer}
@@ -115,14 +115,10 @@ def _run_control_schema(summary: str):
     )
 
 
-@extend_schema_view(list=extend_schema(parameters=[_id_param("town", "town")]))
 class RunViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Run.objects.order_by("-id")
     serializer_class = RunSerializer
-
-    def get_queryset(self) -> QuerySet[Run]:
-        runs = Run.objects.order_by("-id")
-        town_id = int_param(self.request.query_params, "town")
-        return runs if town_id is None else runs.filter(town_id=town_id)
+    filterset_class = RunFilter
 
     @extend_schema(
         request=RunCreateSerializer, responses={201: RunSerializer, 400: ErrorSerializer}
@@ -167,46 +163,18 @@ class RunViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
         return self._control(services.run_stop)
 
 
-@extend_schema_view(list=extend_schema(parameters=[_id_param("run", "run")]))
 class TickViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Tick.objects.order_by("run_id", "index")
     serializer_class = TickSerializer
-
-    def get_queryset(self) -> QuerySet[Tick]:
-        ticks = Tick.objects.order_by("run_id", "index")
-        run_id = int_param(self.request.query_params, "run")
-        return ticks if run_id is None else ticks.filter(run_id=run_id)
+    filterset_class = TickFilter
 
 
-@extend_schema_view(
-    list=extend_schema(
-        parameters=[
-            _id_param("run", "run"),
-            _id_param("resident", "resident"),
-            _id_param("tick", "tick (its id)"),
-            OpenApiParameter("node", OpenApiTypes.STR, description="Only those of this node."),
-            OpenApiParameter("status", OpenApiTypes.STR, enum=Decision.Status.values),
-            OpenApiParameter("valid", OpenApiTypes.BOOL),
-            OpenApiParameter("action", OpenApiTypes.STR, description="go, stay, buy, talk, ..."),
-        ]
-    )
-)
 class DecisionViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Decision.objects.select_related("tick", "resident").order_by("id")
+    filterset_class = DecisionFilter
+
     def get_serializer_class(self):
         return DecisionDetailSerializer if self.action == "retrieve" else DecisionSerializer
-
-    def get_queryset(self) -> QuerySet[Decision]:
-        params = self.request.query_params
-        decisions = Decision.objects.select_related("tick", "resident").order_by("id")
-        filters = {
-            "run_id": int_param(params, "run"),
-            "resident_id": int_param(params, "resident"),
-            "tick_id": int_param(params, "tick"),
-            "node": params.get("node") or None,
-            "status": choice_param(params, "status", Decision.Status.values),
-            "valid": bool_param(params, "valid"),
-            "action": params.get("action") or None,
-        }
-        return decisions.filter(**{k: v for k, v in filters.items() if v is not None})
 
     @extend_schema(
         request=DecisionRequestSerializer,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -16,7 +17,6 @@ from inference.services import completion_model
 from town import events
 from town.errors import RunStateError, TownError
 from town.models import Resident, ResidentState, Run, Town
-from town.prompts import LAYOUTS
 
 S = Run.Status
 
@@ -62,65 +62,23 @@ def run_create(
     gives every prompt that many characters of each resident's older diary."""
     if decision_timeout_s is None:
         decision_timeout_s = default_decision_timeout_s()
-    if layout not in LAYOUTS:
-        raise TownError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    if concurrency < 1:
-        raise TownError(f"concurrency must be at least 1 decision in flight, got {concurrency}")
-    if ticks_target is not None and ticks_target < 1:
-        raise TownError(f"ticks_target must be at least 1 (or None: no end), got {ticks_target}")
-    if minutes_per_tick < 1:
-        raise TownError(f"minutes_per_tick must be at least 1, got {minutes_per_tick}")
-    if decision_timeout_s <= 0:
-        raise TownError(f"decision_timeout_s must be positive, got {decision_timeout_s}")
-    if not 0 <= temperature <= 2:
-        raise TownError(f"temperature must be within 0..2 (0: greedy), got {temperature}")
-    nodes = list(nodes) if nodes else node_names()
-    try:
-        nodes = [node_require(name) for name in nodes]
-    except UnknownNodeError as exc:
-        raise TownError(str(exc)) from exc
-    served_interval = served_retention_interval()
-    if retention_interval is None:
-        retention_interval = served_interval
-    elif retention_interval != served_interval:
-        served = "dense" if served_interval is None else served_interval
-        raise TownError(
-            f"this deployment's engines use retention interval {served}, not "
-            f"{retention_interval}: set "
-            f"POKOMACHI_RETENTION_INTERVAL={retention_interval} and restart the workers, or leave "
-            "it out (`manage.py experiment` runs each interval on its own engine)"
-        )
-    if model is not None and model != served_model():
-        raise TownError(
-            f"this deployment's nodes serve {served_model()!r}, not {model!r}: set "
-            f"POKOMACHI_MODEL={model} and restart the workers, or leave the model out"
-        )
-    residents = list(Resident.objects.filter(town=town).order_by("id"))
-    if not residents:
-        raise TownError(f"town {town.name!r} has no residents; seed it with seed_town")
-    if num_residents is not None:
-        if not 1 <= num_residents <= len(residents):
-            raise TownError(
-                f"num_residents must be between 1 and the town's {len(residents)} residents, "
-                f"got {num_residents}"
-            )
-        residents = residents[:num_residents]
-    if diary_chars < 0:
-        raise TownError(f"diary_chars must be 0 or more characters, got {diary_chars}")
-    run = Run.objects.create(
+    run = Run(
         town=town,
         layout=layout,
-        model=served_model(),
-        nodes=nodes,
         concurrency=concurrency,
         seed=seed,
         diary_chars=diary_chars,
         ticks_target=ticks_target,
-        retention_interval=retention_interval,
         temperature=temperature,
         minutes_per_tick=minutes_per_tick,
         decision_timeout_s=decision_timeout_s,
     )
+    _run_fields_check(run)
+    run.nodes = _nodes_served(nodes)
+    run.retention_interval = _retention_interval_served(retention_interval)
+    run.model = _model_served(model)
+    residents = _residents_taken(town=town, num_residents=num_residents)
+    run.save()
     ResidentState.objects.bulk_create(
         ResidentState(
             run=run,
@@ -134,6 +92,62 @@ def run_create(
         for r in residents
     )
     return run
+
+
+# The deployment's fields: what this run may ask for depends on what the workers serve.
+_DEPLOYMENT_FIELDS = ["town", "nodes", "model", "retention_interval"]
+
+
+def _run_fields_check(run: Run) -> None:
+    """The run's own settings, by the model's validators (town/models.py: Run); the database's
+    constraints say the same, so checking them here too would only cost queries."""
+    try:
+        run.full_clean(
+            exclude=_DEPLOYMENT_FIELDS, validate_unique=False, validate_constraints=False
+        )
+    except ValidationError as exc:
+        raise TownError("; ".join(exc.messages)) from None
+
+
+def _nodes_served(nodes: list[str] | None) -> list[str]:
+    try:
+        return [node_require(name) for name in (list(nodes) if nodes else node_names())]
+    except UnknownNodeError as exc:
+        raise TownError(str(exc)) from exc
+
+
+def _retention_interval_served(retention_interval: int | None) -> int | None:
+    served_interval = served_retention_interval()
+    if retention_interval is None or retention_interval == served_interval:
+        return served_interval
+    served = "dense" if served_interval is None else served_interval
+    raise TownError(
+        f"this deployment's engines use retention interval {served}, not "
+        f"{retention_interval}: set "
+        f"POKOMACHI_RETENTION_INTERVAL={retention_interval} and restart the workers, or leave "
+        "it out (`manage.py experiment` runs each interval on its own engine)"
+    )
+
+
+def _model_served(model: str | None) -> str:
+    if model is not None and model != served_model():
+        raise TownError(
+            f"this deployment's nodes serve {served_model()!r}, not {model!r}: set "
+            f"POKOMACHI_MODEL={model} and restart the workers, or leave the model out"
+        )
+    return served_model()
+
+
+def _residents_taken(*, town: Town, num_residents: int | None) -> list[Resident]:
+    residents = list(Resident.objects.filter(town=town).order_by("id"))
+    if not residents:
+        raise TownError(f"town {town.name!r} has no residents; seed it with seed_town")
+    if num_residents is not None and not 1 <= num_residents <= len(residents):
+        raise TownError(
+            f"num_residents must be between 1 and the town's {len(residents)} residents, "
+            f"got {num_residents}"
+        )
+    return residents if num_residents is None else residents[:num_residents]
 
 
 def _locked(run: Run) -> Run:
