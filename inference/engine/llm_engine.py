@@ -1,7 +1,8 @@
 """LLMEngine: the public front. `generate` is thread-safe; one loop thread runs the steps.
 
-A step is three lines — schedule, run, postprocess — as in nano-vllm. Requests from every
-caller thread meet in the same scheduler, so concurrent decisions are batched together.
+A step is three lines — schedule, execute, `scheduler.update_from_output` — as in nano-vllm and
+vLLM's core. Requests from every caller thread meet in the same scheduler, so concurrent
+decisions are batched together.
 
 A caller that gives up (generate's `timeout`, a stream closed early, `abort`) has its request
 finished as aborted between two steps: its KV blocks are freed and its future raises
@@ -31,7 +32,7 @@ from inference.engine.model_runner import ModelRunner, layer_types_of
 from inference.engine.models import load_model
 from inference.engine.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.request import Request, RequestStatus
-from inference.engine.request_errors import RequestError
+from inference.engine.request_errors import request_failed
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.structured_output import StructuredOutputManager
@@ -111,6 +112,9 @@ class LLMEngine:
             enable_shared_prefill=config.enable_shared_prefill
             and config.enable_prefix_caching
             and self.kv_cache_manager.sliding is not None,
+            tokenizer=self.tokenizer,
+            max_model_len=self.max_model_len,
+            enable_jump_forward=config.enable_jump_forward,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
@@ -139,7 +143,6 @@ class LLMEngine:
         self._futures: dict[str, Future] = {}
         self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
         self._num_steps = 0
-        self._num_forced_tokens = 0
         self._shutdown = False
         self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
         self._loop.start()
@@ -234,41 +237,38 @@ class LLMEngine:
         if not self._aborts:
             return
         aborts, self._aborts = self._aborts, {}
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
-            reason = aborts.get(request.request_id)
-            if reason is None:
-                continue
+        for request in self.scheduler.finish_requests(aborts, RequestStatus.FINISHED_ABORTED):
             request.error = RequestAbortedError(
-                f"request {request.request_id} was aborted ({reason}); its KV blocks are freed"
+                f"request {request.request_id} was aborted ({aborts[request.request_id]}); "
+                "its KV blocks are freed"
             )
-            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             self._deliver(request, self._futures.pop(request.request_id))
 
     def stats(self) -> EngineStats:
+        """A snapshot assembled from the components' own (scheduler, KV cache, pinned heads)."""
         with self._lock:
-            prefix = self.kv_cache_manager.stats
-            sliding = self.kv_cache_manager.sliding
-            num_checkpoint_blocks = sliding.block_pool.num_cached_blocks if sliding else 0
+            scheduler = self.scheduler.make_stats()
+            cache = self.kv_cache_manager.make_stats()
             return EngineStats(
-                prefix_cache_queries=prefix.queries,
-                prefix_cache_hits=prefix.hits,
-                kv_cache_usage=self.kv_cache_manager.usage(),
-                num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting) + len(self._inbox),
-                num_preemptions=self.scheduler.num_preemptions,
+                prefix_cache_queries=cache.prefix_cache_queries,
+                prefix_cache_hits=cache.prefix_cache_hits,
+                kv_cache_usage=cache.usage,
+                num_running=scheduler.num_running,
+                num_waiting=scheduler.num_waiting + len(self._inbox),
+                num_preemptions=scheduler.num_preemptions,
                 num_steps=self._num_steps,
-                num_forced_tokens=self._num_forced_tokens,
-                num_lost_to_retention=prefix.lost_to_retention,
-                num_lost_to_alignment=prefix.lost_to_alignment,
-                num_lost_to_eviction=prefix.lost_to_eviction,
-                num_cold_tokens=prefix.cold,
-                num_checkpoints=len(sliding.checkpoints) if sliding else 0,
-                num_checkpoint_blocks=num_checkpoint_blocks,
-                checkpoint_memory_bytes=num_checkpoint_blocks * self.sliding_block_bytes,
-                num_prefill_tokens=self.scheduler.num_prefill_tokens,
-                reuse_sources=dict(self.scheduler.reuse_sources),
-                num_junction_checkpoints=sliding.num_junction_checkpoints if sliding else 0,
-                num_partial_block_copies=self.kv_cache_manager.num_partial_block_copies,
+                num_forced_tokens=scheduler.num_forced_tokens,
+                num_lost_to_retention=cache.num_lost_to_retention,
+                num_lost_to_alignment=cache.num_lost_to_alignment,
+                num_lost_to_eviction=cache.num_lost_to_eviction,
+                num_cold_tokens=cache.num_cold_tokens,
+                num_checkpoints=cache.num_checkpoints,
+                num_checkpoint_blocks=cache.num_checkpoint_blocks,
+                checkpoint_memory_bytes=cache.num_checkpoint_blocks * self.sliding_block_bytes,
+                num_prefill_tokens=scheduler.num_prefill_tokens,
+                reuse_sources=scheduler.reuse_sources,
+                num_junction_checkpoints=cache.num_junction_checkpoints,
+                num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
             )
 
@@ -423,11 +423,12 @@ class LLMEngine:
                 future.set_result(self._output(request))
                 return
             except Exception as exc:  # detokenizing this request's tokens
-                request.error = _request_error(request, exc)
+                request.error = request_failed(request.request_id, exc)
         future.set_exception(request.error)
 
     def step(self) -> list[Request]:
-        """One engine step: schedule, run, postprocess. Returns the requests that finished."""
+        """One engine step: schedule, execute, update from its output. Returns the requests
+        that finished."""
         with self._lock:
             scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
@@ -437,91 +438,10 @@ class LLMEngine:
         except Exception as exc:  # the model itself: no one request to blame
             logger.exception("engine step failed; failing the requests it ran")
             with self._lock:
-                return self._fail_scheduled(scheduler_output, exc)
+                return self.scheduler.fail_step(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
-            return self._postprocess(scheduler_output, sampled)
-
-    def _fail_scheduled(self, scheduler_output, exc: Exception) -> list[Request]:
-        """Finish the step's requests with its error; requests that only waited go on."""
-        failed = []
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            # Its blocks were registered when allocated; their K/V was never written.
-            self.kv_cache_manager.forget_uncomputed(request)
-            request.error = RequestError(
-                f"the engine step running request {request.request_id} failed: "
-                f"{type(exc).__name__}: {exc}"
-            )
-            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-            failed.append(request)
-        return failed
-
-    def _postprocess(self, scheduler_output, sampled: dict[str, int | RequestError]):
-        finished = []
-        now = time.monotonic()
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            request.num_computed_tokens += scheduled.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue
-            try:
-                status = self._advance(request, token, now)
-            except Exception as exc:  # this request's grammar, stop check or a bug on its path
-                logger.exception("request %s failed; the others go on", request.request_id)
-                request.error = _request_error(request, exc)
-                status = RequestStatus.FINISHED_ABORTED
-            if status is not None:
-                self.scheduler.finish(request, status)
-                finished.append(request)
-        return finished
-
-    def _advance(self, request: Request, token: int | RequestError, now: float):
-        """Append a sampled token (and what the grammar forces after it); the status to finish
-        with, or None while the request goes on."""
-        if isinstance(token, RequestError):
-            raise token
-        request.append_output_token(token, now)
-        if request.grammar is not None:
-            request.grammar.accept(token)
-        status = self._check_stop(request, token)
-        if status is None and request.grammar is not None and self.config.enable_jump_forward:
-            status = self._jump_forward(request, now)
-        return status
-
-    def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
-        """Append the tokens the grammar forces now; the next step computes their K/V together
-        with sampling the token after them, so they cost no step of their own."""
-        room = min(
-            request.sampling_params.max_tokens - len(request.output_token_ids),
-            self.max_model_len - request.num_tokens,
-        )
-        status = None
-        for token in request.grammar.accept_forced(room):
-            request.append_output_token(token, now)
-            request.num_forced_tokens += 1
-            self._num_forced_tokens += 1
-            status = self._check_stop(request, token)
-            if status is not None:
-                break
-        return status
-
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if not params.ignore_eos and token in self.tokenizer.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if request.grammar is not None and request.grammar.is_terminated:
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop_list:
-            text = self.tokenizer.decode(request.output_token_ids)
-            if any(stop in text for stop in params.stop_list):
-                return RequestStatus.FINISHED_STOPPED
-        if len(request.output_token_ids) >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
+            return self.scheduler.update_from_output(scheduler_output, sampled)
 
     def _output(self, request: Request) -> RequestOutput:
         text, _ = stop_cut(
@@ -545,14 +465,6 @@ class LLMEngine:
         for _, future in self._inbox:
             future.set_exception(exc)
         self._inbox.clear()
-
-
-def _request_error(request: Request, exc: Exception) -> RequestError:
-    if isinstance(exc, RequestError):
-        return RequestError(f"request {request.request_id} failed in the engine: {exc}")
-    return RequestError(
-        f"request {request.request_id} failed in the engine: {type(exc).__name__}: {exc}"
-    )
 
 
 def _left(deadline: float | None) -> float | None:
