@@ -69,34 +69,38 @@ class StreamDelta:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        cache, scheduling, running = config.cache, config.scheduler, config.runner
+        grammars = config.structured_output
+        if running.num_threads:
+            torch.set_num_threads(running.num_threads)
         self.device = torch.device(config.device)
         loaded = load_model(config.model, self.device, config.seed)
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
-        dtype = getattr(torch, config.dtype)
+        self.max_model_len = min(
+            scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
+        )
+        dtype = getattr(torch, running.dtype)
         # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
-        bytes_per_block = config.block_size * loaded.config.kv_bytes_per_token
+        bytes_per_block = cache.block_size * loaded.config.kv_bytes_per_token
         bytes_per_block = bytes_per_block * dtype.itemsize // 4
-        self.num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // bytes_per_block
+        self.num_blocks = cache.num_kv_blocks or cache.kv_cache_memory_bytes // bytes_per_block
         if self.num_blocks < 2:
             raise ValueError(
-                f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks "
+                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} holds fewer than 2 blocks "
                 f"of {bytes_per_block} bytes; raise it"
             )
         self.kv_cache_manager = KVCacheManager(
             self.num_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
+            cache.block_size,
+            cache.enable_prefix_caching,
             loaded.fingerprint,
             sliding_window=self._sliding_window(loaded.config),
-            retention_interval=config.retention_interval,
-            exact_reuse=config.enable_partial_block_reuse,
-            junction_checkpoints=config.enable_junction_checkpoints,
+            retention_interval=cache.retention_interval,
+            exact_reuse=cache.enable_partial_block_reuse,
+            junction_checkpoints=cache.enable_junction_checkpoints,
         )
-        self.pinned = PinnedHeads(self.kv_cache_manager, config.max_pinned_fraction)
+        self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
         # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
         num_sliding_layers = layer_types_of(loaded.config).count("sliding")
         self.sliding_block_bytes = (
@@ -104,37 +108,37 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
+            scheduling.max_num_seqs,
+            scheduling.max_num_batched_tokens,
             # A full-attention model already shares a head computed in the same step (blocks are
             # registered when allocated and each layer writes before it reads); holding requests
             # back would only add a step. A sliding-window model needs the checkpoint.
-            enable_shared_prefill=config.enable_shared_prefill
-            and config.enable_prefix_caching
+            enable_shared_prefill=scheduling.enable_shared_prefill
+            and cache.enable_prefix_caching
             and self.kv_cache_manager.sliding is not None,
             tokenizer=self.tokenizer,
             max_model_len=self.max_model_len,
-            enable_jump_forward=config.enable_jump_forward,
+            enable_jump_forward=scheduling.enable_jump_forward,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
             loaded.config.vocab_size,
-            limits=config.schema_limits,
-            compile_timeout_s=config.grammar_compile_timeout_s,
-            max_compile_workers=config.grammar_compile_workers,
-            cache_bytes=config.grammar_cache_bytes,
+            limits=grammars.schema_limits,
+            compile_timeout_s=grammars.grammar_compile_timeout_s,
+            max_compile_workers=grammars.grammar_compile_workers,
+            cache_bytes=grammars.grammar_cache_bytes,
         )
         self.runner = ModelRunner(
             loaded,
             self.num_blocks,
-            config.block_size,
+            cache.block_size,
             self.device,
             self.structured,
             dtype=dtype,
-            use_kernels=config.attention_backend == "triton",
-            cuda_graph_max_len=self.max_model_len if config.enable_cuda_graphs else None,
-            max_num_seqs=config.max_num_seqs,
-            decode_windows=config.enable_decode_windows,
+            use_kernels=running.attention_backend == "triton",
+            cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
+            max_num_seqs=scheduling.max_num_seqs,
+            decode_windows=running.enable_decode_windows,
         )
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)
@@ -283,7 +287,7 @@ class LLMEngine:
         """Compute a prompt head (text, token ids, or chat messages: rendered without a
         generation prompt) so later prompts starting with it resume at its very end; with
         `pin`, keep it cached until `unpin(handle)`. Thread-safe like generate."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.cache.enable_prefix_caching:
             raise ValueError("warm() needs enable_prefix_caching=True: nothing would be kept")
         token_ids = self._tokenize(prompt_head, add_generation_prompt=False)
         if pin:
@@ -320,11 +324,11 @@ class LLMEngine:
         changes nothing and we say so)."""
         layer_types = layer_types_of(model_config)
         if "sliding" not in layer_types:
-            if self.config.retention_interval is not None:
+            if self.config.cache.retention_interval is not None:
                 logger.warning(
                     "retention_interval=%s changes nothing: model %s has no sliding-window "
                     "layers (every layer keeps all its KV, so every cached block is reusable)",
-                    self.config.retention_interval,
+                    self.config.cache.retention_interval,
                     self.config.model,
                 )
             return None
@@ -343,7 +347,7 @@ class LLMEngine:
             raise ValueError("prompt is empty")
         breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
         is_chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
-        if is_chat and self.config.enable_chat_breakpoints:
+        if is_chat and self.config.cache.enable_chat_breakpoints:
             marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
             breakpoints = sorted({*breakpoints, *marked})
         if len(token_ids) >= self.max_model_len:
@@ -355,7 +359,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         max_len = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        needed_blocks = -(-max_len // self.config.block_size)
+        needed_blocks = -(-max_len // self.config.cache.block_size)
         if needed_blocks > self.num_blocks:
             raise ValueError(
                 f"prompt plus max_tokens needs {needed_blocks} KV blocks but the cache holds "
