@@ -70,3 +70,13 @@ def node_require(name: str) -> str:
 def node_queue(name: str) -> str:
     """The Celery queue a node's worker consumes: the node's own name."""
     return node_require(name)
+
+
+def nodes_without_worker(nodes: list[str], timeout_s: float = 3.0) -> list[str]:
+    """The nodes whose queue no running Celery worker consumes (asks the workers over the
+    broker; a node whose worker does not answer within `timeout_s` counts as without one)."""
+    from pokosite.celery import app
+
+    active = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    consumed = {queue["name"] for queues in active.values() for queue in queues}
+    return [node for node in nodes if node not in consumed]

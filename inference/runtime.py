@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -35,7 +34,7 @@ def engine_config_from_settings() -> EngineConfig:
             "INFERENCE_ENGINE must be a dict of EngineConfig arguments, "
             f"got {type(kwargs).__name__}"
         )
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    known = EngineConfig.keyword_names()
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ImproperlyConfigured(

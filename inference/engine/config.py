@@ -1,4 +1,11 @@
-"""EngineConfig: every engine knob in one validated dataclass.
+"""EngineConfig: every engine knob, validated, in four groups — the KV cache, the scheduler, the
+model runner and structured output — each its own dataclass checked in its own __post_init__
+(vLLM's CacheConfig / SchedulerConfig / ...), plus what spans them (model, device, seed).
+
+Every sub-config field is also taken, and read, by its flat name: EngineConfig(
+enable_prefix_caching=False) sets `config.cache.enable_prefix_caching`, and
+`config.enable_prefix_caching` reads it back (the experiment, the benches and Django's
+INFERENCE_ENGINE pass flat names). Readers inside the engine use the sub-configs.
 
 Django settings become an EngineConfig in one place (inference/runtime.py); nothing in the
 engine reads the environment or settings.
@@ -6,7 +13,9 @@ engine reads the environment or settings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from inference.engine.model_files import known_model_names
 from inference.engine.retention import check_retention_interval
@@ -18,11 +27,15 @@ _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(slots=True)
-class EngineConfig:
-    model: str = "smollm2-135m-instruct"
-    device: str = "cpu"
-    enable_prefix_caching: bool = True
+class CacheConfig:
+    """The KV cache: its blocks and memory, prefix caching and how far reuse reaches."""
+
     block_size: int = 16
+    # KV memory: an explicit block count wins over the byte budget. A sliding-window model's two
+    # KV groups get the same number of blocks (the budget is split by layer count).
+    kv_cache_memory_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
     # Sliding-window models only (vLLM's --prefix-cache-retention-interval): where the window's
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
     # multiples of N (a multiple of block_size). Reuse rounds down to this grid.
@@ -36,50 +49,10 @@ class EngineConfig:
     # Junction checkpoints: when a prompt leaves a cached one inside the cached range, keep the
     # window state where it leaves, so the next prompt with that head resumes there exactly.
     enable_junction_checkpoints: bool = True
-    # One prefill per shared head: requests waiting together on the same uncached head wait
-    # for the first of them to compute it (see shared_prefill). Off: each prefills its own.
-    enable_shared_prefill: bool = True
     # LLMEngine.warm(pin=True): the share of the KV blocks pinned heads may hold.
     max_pinned_fraction: float = 0.5
-    # KV memory: an explicit block count wins over the byte budget. A sliding-window model's two
-    # KV groups get the same number of blocks (the budget is split by layer count).
-    kv_cache_memory_bytes: int = 1 << 30
-    num_kv_blocks: int | None = None
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 1024
-    # Shorter than the model's own context is allowed; longer is an error at load time.
-    max_model_len: int | None = None
-    num_threads: int | None = None
-    seed: int = 0
-    # Weights and KV cache. "auto": float32 on CPU (no fast bf16 there), bfloat16 on CUDA.
-    dtype: str = "auto"
-    # "auto": the triton kernels on CUDA, the torch path on CPU. "triton" on CPU runs the kernels
-    # under triton's interpreter (TRITON_INTERPRET=1 before triton is imported): for tests.
-    attention_backend: str = "auto"
-    # Decode steps replayed from CUDA graphs (batch sizes 1, 2, 4, ... 64); CUDA + triton only.
-    enable_cuda_graphs: bool = True
-    # JSON-schema output: append the tokens the grammar forces without a model step of their own.
-    enable_jump_forward: bool = True
-    # Torch path: all decoding sequences of a step read their contexts together, one masked
-    # attention call per window of nearby slots (see decode_windows). Off: one call per span.
-    enable_decode_windows: bool = True
-    # JSON schemas (structured_output): bounds checked before compiling (a dict of SchemaLimits
-    # fields is accepted), the compile deadline, how many schemas compile at once (each in its
-    # own worker process), and the byte budget of the compiled-grammar cache.
-    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
-    grammar_compile_timeout_s: float = 20.0
-    # 0: compile in a thread of this process (xgrammar releases the GIL, so the engine loop
-    # runs on); a caller waits at most the deadline, the compile itself then finishes unread.
-    # N > 0: in up to N worker processes, killed past the deadline (each imports xgrammar and
-    # torch: seconds and ~300 MB to start).
-    grammar_compile_workers: int = 0
-    grammar_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model must be one of {known_model_names()} or a .gguf path")
-        if self.device not in _DEVICES and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two ≥ 1, got {self.block_size}")
         check_retention_interval(self.retention_interval, self.block_size)
@@ -94,21 +67,73 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_memory_bytes must be at least 1 MiB, got {self.kv_cache_memory_bytes}"
             )
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Batching: how many requests and tokens a step takes, and what a step's tokens do."""
+
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 1024
+    # Shorter than the model's own context is allowed; longer is an error at load time.
+    max_model_len: int | None = None
+    # One prefill per shared head: requests waiting together on the same uncached head wait
+    # for the first of them to compute it (see shared_prefill). Off: each prefills its own.
+    enable_shared_prefill: bool = True
+    # JSON-schema output: append the tokens the grammar forces without a model step of their own.
+    enable_jump_forward: bool = True
+
+    def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < self.block_size:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
-                f"block_size ({self.block_size})"
-            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    """How the model runs: precision, attention path, CUDA graphs, CPU threads."""
+
+    # Weights and KV cache. "auto": float32 on CPU (no fast bf16 there), bfloat16 on CUDA.
+    dtype: str = "auto"
+    # "auto": the triton kernels on CUDA, the torch path on CPU. "triton" on CPU runs the kernels
+    # under triton's interpreter (TRITON_INTERPRET=1 before triton is imported): for tests.
+    attention_backend: str = "auto"
+    # Decode steps replayed from CUDA graphs (batch sizes 1, 2, 4, ... 64); CUDA + triton only.
+    enable_cuda_graphs: bool = True
+    # Torch path: all decoding sequences of a step read their contexts together, one masked
+    # attention call per window of nearby slots (see decode_windows). Off: one call per span.
+    enable_decode_windows: bool = True
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in _ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {_ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be ≥ 1, got {self.num_threads}")
-        self._check_grammar_fields()
-        self._resolve_dtype_and_backend()
 
-    def _check_grammar_fields(self) -> None:
+
+@dataclass(slots=True)
+class StructuredOutputConfig:
+    """JSON schemas (structured_output): bounds checked before compiling (a dict of SchemaLimits
+    fields is accepted), the compile deadline, where schemas compile, and the byte budget of
+    the compiled-grammar cache."""
+
+    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
+    grammar_compile_timeout_s: float = 20.0
+    # 0: compile in a thread of this process (xgrammar releases the GIL, so the engine loop
+    # runs on); a caller waits at most the deadline, the compile itself then finishes unread.
+    # N > 0: in up to N worker processes, killed past the deadline (each imports xgrammar and
+    # torch: seconds and ~300 MB to start).
+    grammar_compile_workers: int = 0
+    grammar_cache_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
         if isinstance(self.schema_limits, dict):
             self.schema_limits = SchemaLimits(**self.schema_limits)
         if not isinstance(self.schema_limits, SchemaLimits):
@@ -126,21 +151,105 @@ class EngineConfig:
         if self.grammar_cache_bytes < 0:
             raise ValueError(f"grammar_cache_bytes must be ≥ 0, got {self.grammar_cache_bytes}")
 
+
+# Sub-config field name → its class, and each flat name → the sub-config field that holds it.
+_SUB_CONFIGS: dict[str, type] = {
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "runner": RunnerConfig,
+    "structured_output": StructuredOutputConfig,
+}
+_FLAT_NAMES: dict[str, str] = {
+    f.name: group for group, cls in _SUB_CONFIGS.items() for f in fields(cls)
+}
+
+
+@dataclass(slots=True, init=False)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    device: str = "cpu"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+
+    def __init__(self, **keywords: Any) -> None:
+        """Keywords: the fields above (a sub-config as its dataclass or a dict of its fields),
+        and any sub-config field by its flat name, which overrides that field of the sub-config
+        given (copied, never changed) or of a default one."""
+        unknown = sorted(set(keywords) - self.keyword_names())
+        if unknown:
+            raise TypeError(
+                f"EngineConfig got unexpected keywords {unknown}; it takes "
+                f"{sorted(self.keyword_names())}"
+            )
+        for f in fields(EngineConfig):
+            if f.name not in _SUB_CONFIGS:
+                setattr(self, f.name, keywords.get(f.name, f.default))
+                continue
+            sub_config = _sub_config(f.name, keywords.get(f.name))
+            flat = {
+                name: keywords[name]
+                for name, group in _FLAT_NAMES.items()
+                if group == f.name and name in keywords
+            }
+            setattr(self, f.name, dataclasses.replace(sub_config, **flat) if flat else sub_config)
+        self.__post_init__()
+
+    @classmethod
+    def keyword_names(cls) -> frozenset[str]:
+        """Every keyword the constructor takes: its fields and the sub-configs' flat names."""
+        return frozenset({f.name for f in fields(cls)} | set(_FLAT_NAMES))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be one of {known_model_names()} or a .gguf path")
+        if self.device not in _DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}")
+        if self.scheduler.max_num_batched_tokens < self.cache.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be at "
+                f"least block_size ({self.cache.block_size})"
+            )
+        self._resolve_dtype_and_backend()
+
     def _resolve_dtype_and_backend(self) -> None:
         on_cuda = self.device.startswith("cuda")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.dtype == "auto":
-            self.dtype = "bfloat16" if on_cuda else "float32"
-        if not on_cuda and self.dtype != "float32":
+        dtype, backend = self.runner.dtype, self.runner.attention_backend
+        if dtype == "auto":
+            dtype = "bfloat16" if on_cuda else "float32"
+        if not on_cuda and dtype != "float32":
             raise ValueError(
-                f"dtype {self.dtype!r} needs device='cuda': this CPU path runs float32 only "
+                f"dtype {dtype!r} needs device='cuda': this CPU path runs float32 only "
                 "(half-precision matmuls are ~500× slower than float32 on these CPUs)"
             )
-        if self.attention_backend not in _ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend must be one of {_ATTENTION_BACKENDS}, "
-                f"got {self.attention_backend!r}"
-            )
-        if self.attention_backend == "auto":
-            self.attention_backend = "triton" if on_cuda else "torch"
+        if backend == "auto":
+            backend = "triton" if on_cuda else "torch"
+        if (dtype, backend) != (self.runner.dtype, self.runner.attention_backend):
+            self.runner = dataclasses.replace(self.runner, dtype=dtype, attention_backend=backend)
+
+
+def _sub_config(name: str, value: Any) -> Any:
+    """The sub-config `name` from what was passed: None (its defaults), a dict of its fields,
+    or the dataclass itself."""
+    cls = _SUB_CONFIGS[name]
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        return cls(**value)
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be a {cls.__name__} or a dict of its fields, got {value!r}")
+    return value
+
+
+def _flat_property(group: str, name: str) -> property:
+    def read(config: EngineConfig) -> Any:
+        return getattr(getattr(config, group), name)
+
+    return property(read, doc=f"config.{group}.{name}, read by its flat name.")
+
+
+# Read-only flat names (config.enable_prefix_caching), for readers not moved to the sub-configs.
+for _name, _group in _FLAT_NAMES.items():
+    setattr(EngineConfig, _name, _flat_property(_group, _name))

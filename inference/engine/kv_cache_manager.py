@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from inference.engine.block_pool import BlockPool, KVCacheBlock
 from inference.engine.hashing import BlockHasher
 from inference.engine.kv_cache_coordinator import KVCacheCoordinator, LongestCacheHit
+from inference.engine.metrics import KVCacheStats
 from inference.engine.partial_blocks import BlockCopy, PartialBlock
 from inference.engine.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
@@ -119,6 +120,23 @@ class KVCacheManager:
 
     def usage(self) -> float:
         return self.block_pool.usage()
+
+    def make_stats(self) -> KVCacheStats:
+        """A snapshot of the cache's use and counters (counted since start, not reset)."""
+        prefix, sliding = self.stats, self.sliding
+        return KVCacheStats(
+            usage=self.usage(),
+            prefix_cache_queries=prefix.queries,
+            prefix_cache_hits=prefix.hits,
+            num_lost_to_retention=prefix.lost_to_retention,
+            num_lost_to_alignment=prefix.lost_to_alignment,
+            num_lost_to_eviction=prefix.lost_to_eviction,
+            num_cold_tokens=prefix.cold,
+            num_partial_block_copies=self.num_partial_block_copies,
+            num_checkpoints=len(sliding.checkpoints) if sliding else 0,
+            num_checkpoint_blocks=sliding.block_pool.num_cached_blocks if sliding else 0,
+            num_junction_checkpoints=sliding.num_junction_checkpoints if sliding else 0,
+        )
 
     def new_step(self) -> None:
         """A schedule begins: blocks cached from now on are computed by this step's forward."""

@@ -1,7 +1,8 @@
 """LLMEngine: the public front. `generate` is thread-safe; one loop thread runs the steps.
 
-A step is three lines — schedule, run, postprocess — as in nano-vllm. Requests from every
-caller thread meet in the same scheduler, so concurrent decisions are batched together.
+A step is three lines — schedule, execute, `scheduler.update_from_output` — as in nano-vllm and
+vLLM's core. Requests from every caller thread meet in the same scheduler, so concurrent
+decisions are batched together.
 
 A caller that gives up (generate's `timeout`, a stream closed early, `abort`) has its request
 finished as aborted between two steps: its KV blocks are freed and its future raises
@@ -31,7 +32,7 @@ from inference.engine.model_runner import ModelRunner, layer_types_of
 from inference.engine.models import load_model
 from inference.engine.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.request import Request, RequestStatus
-from inference.engine.request_errors import RequestError
+from inference.engine.request_errors import request_failed
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import Scheduler
 from inference.engine.structured_output import StructuredOutputManager
@@ -68,34 +69,38 @@ class StreamDelta:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        cache, scheduling, running = config.cache, config.scheduler, config.runner
+        grammars = config.structured_output
+        if running.num_threads:
+            torch.set_num_threads(running.num_threads)
         self.device = torch.device(config.device)
         loaded = load_model(config.model, self.device, config.seed)
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
-        dtype = getattr(torch, config.dtype)
+        self.max_model_len = min(
+            scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
+        )
+        dtype = getattr(torch, running.dtype)
         # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
-        bytes_per_block = config.block_size * loaded.config.kv_bytes_per_token
+        bytes_per_block = cache.block_size * loaded.config.kv_bytes_per_token
         bytes_per_block = bytes_per_block * dtype.itemsize // 4
-        self.num_blocks = config.num_kv_blocks or config.kv_cache_memory_bytes // bytes_per_block
+        self.num_blocks = cache.num_kv_blocks or cache.kv_cache_memory_bytes // bytes_per_block
         if self.num_blocks < 2:
             raise ValueError(
-                f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} holds fewer than 2 blocks "
+                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} holds fewer than 2 blocks "
                 f"of {bytes_per_block} bytes; raise it"
             )
         self.kv_cache_manager = KVCacheManager(
             self.num_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
+            cache.block_size,
+            cache.enable_prefix_caching,
             loaded.fingerprint,
             sliding_window=self._sliding_window(loaded.config),
-            retention_interval=config.retention_interval,
-            exact_reuse=config.enable_partial_block_reuse,
-            junction_checkpoints=config.enable_junction_checkpoints,
+            retention_interval=cache.retention_interval,
+            exact_reuse=cache.enable_partial_block_reuse,
+            junction_checkpoints=cache.enable_junction_checkpoints,
         )
-        self.pinned = PinnedHeads(self.kv_cache_manager, config.max_pinned_fraction)
+        self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
         # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
         num_sliding_layers = layer_types_of(loaded.config).count("sliding")
         self.sliding_block_bytes = (
@@ -103,34 +108,37 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
+            scheduling.max_num_seqs,
+            scheduling.max_num_batched_tokens,
             # A full-attention model already shares a head computed in the same step (blocks are
             # registered when allocated and each layer writes before it reads); holding requests
             # back would only add a step. A sliding-window model needs the checkpoint.
-            enable_shared_prefill=config.enable_shared_prefill
-            and config.enable_prefix_caching
+            enable_shared_prefill=scheduling.enable_shared_prefill
+            and cache.enable_prefix_caching
             and self.kv_cache_manager.sliding is not None,
+            tokenizer=self.tokenizer,
+            max_model_len=self.max_model_len,
+            enable_jump_forward=scheduling.enable_jump_forward,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
             loaded.config.vocab_size,
-            limits=config.schema_limits,
-            compile_timeout_s=config.grammar_compile_timeout_s,
-            max_compile_workers=config.grammar_compile_workers,
-            cache_bytes=config.grammar_cache_bytes,
+            limits=grammars.schema_limits,
+            compile_timeout_s=grammars.grammar_compile_timeout_s,
+            max_compile_workers=grammars.grammar_compile_workers,
+            cache_bytes=grammars.grammar_cache_bytes,
         )
         self.runner = ModelRunner(
             loaded,
             self.num_blocks,
-            config.block_size,
+            cache.block_size,
             self.device,
             self.structured,
             dtype=dtype,
-            use_kernels=config.attention_backend == "triton",
-            cuda_graph_max_len=self.max_model_len if config.enable_cuda_graphs else None,
-            max_num_seqs=config.max_num_seqs,
-            decode_windows=config.enable_decode_windows,
+            use_kernels=running.attention_backend == "triton",
+            cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
+            max_num_seqs=scheduling.max_num_seqs,
+            decode_windows=running.enable_decode_windows,
         )
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)
@@ -139,7 +147,6 @@ class LLMEngine:
         self._futures: dict[str, Future] = {}
         self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
         self._num_steps = 0
-        self._num_forced_tokens = 0
         self._shutdown = False
         self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
         self._loop.start()
@@ -234,41 +241,38 @@ class LLMEngine:
         if not self._aborts:
             return
         aborts, self._aborts = self._aborts, {}
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
-            reason = aborts.get(request.request_id)
-            if reason is None:
-                continue
+        for request in self.scheduler.finish_requests(aborts, RequestStatus.FINISHED_ABORTED):
             request.error = RequestAbortedError(
-                f"request {request.request_id} was aborted ({reason}); its KV blocks are freed"
+                f"request {request.request_id} was aborted ({aborts[request.request_id]}); "
+                "its KV blocks are freed"
             )
-            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             self._deliver(request, self._futures.pop(request.request_id))
 
     def stats(self) -> EngineStats:
+        """A snapshot assembled from the components' own (scheduler, KV cache, pinned heads)."""
         with self._lock:
-            prefix = self.kv_cache_manager.stats
-            sliding = self.kv_cache_manager.sliding
-            num_checkpoint_blocks = sliding.block_pool.num_cached_blocks if sliding else 0
+            scheduler = self.scheduler.make_stats()
+            cache = self.kv_cache_manager.make_stats()
             return EngineStats(
-                prefix_cache_queries=prefix.queries,
-                prefix_cache_hits=prefix.hits,
-                kv_cache_usage=self.kv_cache_manager.usage(),
-                num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting) + len(self._inbox),
-                num_preemptions=self.scheduler.num_preemptions,
+                prefix_cache_queries=cache.prefix_cache_queries,
+                prefix_cache_hits=cache.prefix_cache_hits,
+                kv_cache_usage=cache.usage,
+                num_running=scheduler.num_running,
+                num_waiting=scheduler.num_waiting + len(self._inbox),
+                num_preemptions=scheduler.num_preemptions,
                 num_steps=self._num_steps,
-                num_forced_tokens=self._num_forced_tokens,
-                num_lost_to_retention=prefix.lost_to_retention,
-                num_lost_to_alignment=prefix.lost_to_alignment,
-                num_lost_to_eviction=prefix.lost_to_eviction,
-                num_cold_tokens=prefix.cold,
-                num_checkpoints=len(sliding.checkpoints) if sliding else 0,
-                num_checkpoint_blocks=num_checkpoint_blocks,
-                checkpoint_memory_bytes=num_checkpoint_blocks * self.sliding_block_bytes,
-                num_prefill_tokens=self.scheduler.num_prefill_tokens,
-                reuse_sources=dict(self.scheduler.reuse_sources),
-                num_junction_checkpoints=sliding.num_junction_checkpoints if sliding else 0,
-                num_partial_block_copies=self.kv_cache_manager.num_partial_block_copies,
+                num_forced_tokens=scheduler.num_forced_tokens,
+                num_lost_to_retention=cache.num_lost_to_retention,
+                num_lost_to_alignment=cache.num_lost_to_alignment,
+                num_lost_to_eviction=cache.num_lost_to_eviction,
+                num_cold_tokens=cache.num_cold_tokens,
+                num_checkpoints=cache.num_checkpoints,
+                num_checkpoint_blocks=cache.num_checkpoint_blocks,
+                checkpoint_memory_bytes=cache.num_checkpoint_blocks * self.sliding_block_bytes,
+                num_prefill_tokens=scheduler.num_prefill_tokens,
+                reuse_sources=scheduler.reuse_sources,
+                num_junction_checkpoints=cache.num_junction_checkpoints,
+                num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
             )
 
@@ -283,7 +287,7 @@ class LLMEngine:
         """Compute a prompt head (text, token ids, or chat messages: rendered without a
         generation prompt) so later prompts starting with it resume at its very end; with
         `pin`, keep it cached until `unpin(handle)`. Thread-safe like generate."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.cache.enable_prefix_caching:
             raise ValueError("warm() needs enable_prefix_caching=True: nothing would be kept")
         token_ids = self._tokenize(prompt_head, add_generation_prompt=False)
         if pin:
@@ -320,11 +324,11 @@ class LLMEngine:
         changes nothing and we say so)."""
         layer_types = layer_types_of(model_config)
         if "sliding" not in layer_types:
-            if self.config.retention_interval is not None:
+            if self.config.cache.retention_interval is not None:
                 logger.warning(
                     "retention_interval=%s changes nothing: model %s has no sliding-window "
                     "layers (every layer keeps all its KV, so every cached block is reusable)",
-                    self.config.retention_interval,
+                    self.config.cache.retention_interval,
                     self.config.model,
                 )
             return None
@@ -343,7 +347,7 @@ class LLMEngine:
             raise ValueError("prompt is empty")
         breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
         is_chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
-        if is_chat and self.config.enable_chat_breakpoints:
+        if is_chat and self.config.cache.enable_chat_breakpoints:
             marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
             breakpoints = sorted({*breakpoints, *marked})
         if len(token_ids) >= self.max_model_len:
@@ -355,7 +359,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         max_len = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        needed_blocks = -(-max_len // self.config.block_size)
+        needed_blocks = -(-max_len // self.config.cache.block_size)
         if needed_blocks > self.num_blocks:
             raise ValueError(
                 f"prompt plus max_tokens needs {needed_blocks} KV blocks but the cache holds "
@@ -423,11 +427,12 @@ class LLMEngine:
                 future.set_result(self._output(request))
                 return
             except Exception as exc:  # detokenizing this request's tokens
-                request.error = _request_error(request, exc)
+                request.error = request_failed(request.request_id, exc)
         future.set_exception(request.error)
 
     def step(self) -> list[Request]:
-        """One engine step: schedule, run, postprocess. Returns the requests that finished."""
+        """One engine step: schedule, execute, update from its output. Returns the requests
+        that finished."""
         with self._lock:
             scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
@@ -437,91 +442,10 @@ class LLMEngine:
         except Exception as exc:  # the model itself: no one request to blame
             logger.exception("engine step failed; failing the requests it ran")
             with self._lock:
-                return self._fail_scheduled(scheduler_output, exc)
+                return self.scheduler.fail_step(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
-            return self._postprocess(scheduler_output, sampled)
-
-    def _fail_scheduled(self, scheduler_output, exc: Exception) -> list[Request]:
-        """Finish the step's requests with its error; requests that only waited go on."""
-        failed = []
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            # Its blocks were registered when allocated; their K/V was never written.
-            self.kv_cache_manager.forget_uncomputed(request)
-            request.error = RequestError(
-                f"the engine step running request {request.request_id} failed: "
-                f"{type(exc).__name__}: {exc}"
-            )
-            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-            failed.append(request)
-        return failed
-
-    def _postprocess(self, scheduler_output, sampled: dict[str, int | RequestError]):
-        finished = []
-        now = time.monotonic()
-        for scheduled in scheduler_output.scheduled:
-            request = scheduled.request
-            request.num_computed_tokens += scheduled.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue
-            try:
-                status = self._advance(request, token, now)
-            except Exception as exc:  # this request's grammar, stop check or a bug on its path
-                logger.exception("request %s failed; the others go on", request.request_id)
-                request.error = _request_error(request, exc)
-                status = RequestStatus.FINISHED_ABORTED
-            if status is not None:
-                self.scheduler.finish(request, status)
-                finished.append(request)
-        return finished
-
-    def _advance(self, request: Request, token: int | RequestError, now: float):
-        """Append a sampled token (and what the grammar forces after it); the status to finish
-        with, or None while the request goes on."""
-        if isinstance(token, RequestError):
-            raise token
-        request.append_output_token(token, now)
-        if request.grammar is not None:
-            request.grammar.accept(token)
-        status = self._check_stop(request, token)
-        if status is None and request.grammar is not None and self.config.enable_jump_forward:
-            status = self._jump_forward(request, now)
-        return status
-
-    def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
-        """Append the tokens the grammar forces now; the next step computes their K/V together
-        with sampling the token after them, so they cost no step of their own."""
-        room = min(
-            request.sampling_params.max_tokens - len(request.output_token_ids),
-            self.max_model_len - request.num_tokens,
-        )
-        status = None
-        for token in request.grammar.accept_forced(room):
-            request.append_output_token(token, now)
-            request.num_forced_tokens += 1
-            self._num_forced_tokens += 1
-            status = self._check_stop(request, token)
-            if status is not None:
-                break
-        return status
-
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if not params.ignore_eos and token in self.tokenizer.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if request.grammar is not None and request.grammar.is_terminated:
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop_list:
-            text = self.tokenizer.decode(request.output_token_ids)
-            if any(stop in text for stop in params.stop_list):
-                return RequestStatus.FINISHED_STOPPED
-        if len(request.output_token_ids) >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
+            return self.scheduler.update_from_output(scheduler_output, sampled)
 
     def _output(self, request: Request) -> RequestOutput:
         text, _ = stop_cut(
@@ -545,14 +469,6 @@ class LLMEngine:
         for _, future in self._inbox:
             future.set_exception(exc)
         self._inbox.clear()
-
-
-def _request_error(request: Request, exc: Exception) -> RequestError:
-    if isinstance(exc, RequestError):
-        return RequestError(f"request {request.request_id} failed in the engine: {exc}")
-    return RequestError(
-        f"request {request.request_id} failed in the engine: {type(exc).__name__}: {exc}"
-    )
 
 
 def _left(deadline: float | None) -> float | None:

@@ -1,5 +1,9 @@
 """Per-request metrics and engine-wide stats: plain dataclasses handed out as snapshots.
 
+Each component makes its own snapshot (`Scheduler.make_stats`, `KVCacheManager.make_stats`,
+vLLM's make_stats); `LLMEngine.stats` assembles EngineStats from them. The counters run since
+the engine started: a snapshot reads them, it does not reset them.
+
 Timing definitions follow vLLM: queue = queued → first scheduled, prefill = first scheduled →
 first token, decode = first → last token, TTFT and e2e from arrival.
 
@@ -40,6 +44,36 @@ class RequestMetrics:
             "alignment": self.num_lost_to_alignment,
             "eviction": self.num_lost_to_eviction,
         }
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """The scheduler's snapshot: its queues, and counters since start."""
+
+    num_running: int
+    num_waiting: int  # in the scheduler (the engine adds the requests not handed to it yet)
+    num_preemptions: int
+    num_prefill_tokens: int
+    num_forced_tokens: int
+    reuse_sources: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class KVCacheStats:
+    """The KV cache manager's snapshot: block usage, prefix-cache accounting since start (in
+    prompt tokens), and the sliding group's window checkpoints (zeros without one)."""
+
+    usage: float  # share of the full group's blocks in use by live requests, 0..1
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_lost_to_retention: int
+    num_lost_to_alignment: int
+    num_lost_to_eviction: int
+    num_cold_tokens: int
+    num_partial_block_copies: int
+    num_checkpoints: int = 0
+    num_checkpoint_blocks: int = 0
+    num_junction_checkpoints: int = 0
 
 
 @dataclass(slots=True)

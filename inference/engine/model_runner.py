@@ -29,7 +29,7 @@ from inference.engine.partial_blocks import BlockCopy
 from inference.engine.request import Request
 from inference.engine.request_errors import RequestError
 from inference.engine.sampler import sample
-from inference.engine.scheduler import SchedulerOutput
+from inference.engine.scheduler_output import SchedulerOutput
 from inference.engine.structured_output import StructuredOutputManager
 from inference.engine.torch_metadata import TorchMetadataBuilder
 

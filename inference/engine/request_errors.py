@@ -8,3 +8,10 @@ from __future__ import annotations
 
 class RequestError(RuntimeError):
     pass
+
+
+def request_failed(request_id: str, exc: Exception) -> RequestError:
+    """The error a request's caller gets when `exc` failed that request alone."""
+    if isinstance(exc, RequestError):
+        return RequestError(f"request {request_id} failed in the engine: {exc}")
+    return RequestError(f"request {request_id} failed in the engine: {type(exc).__name__}: {exc}")

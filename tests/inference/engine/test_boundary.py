@@ -39,3 +39,13 @@ def test_engine_never_reads_the_environment():
     engine_dir = Path(inference.engine.__file__).parent
     readers = [p.name for p in engine_dir.rglob("*.py") if "os.environ" in p.read_text()]
     assert readers == []
+
+
+def test_the_model_runner_never_imports_the_scheduler():
+    """It reads SchedulerOutput from its own module; the scheduler's internals are not its."""
+    import inference.engine.model_runner as model_runner
+
+    tree = ast.parse(Path(model_runner.__file__).read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in modules if m and m.split(".")[-1] in ("scheduler", "kv_cache_manager")}

@@ -126,3 +126,18 @@ def test_caching_off_never_hits():
     admit(manager, make_request("a", list(range(12))))
     assert admit(manager, make_request("b", list(range(12)))) == 0
     assert manager.block_pool.hash_to_block == {}
+
+
+def test_make_stats_snapshots_usage_and_prefix_counters():
+    manager = make_manager()
+    admit(manager, make_request("a", list(range(10))))
+    admit(manager, make_request("b", [*range(8), 99, 98, 97]))
+    snapshot = manager.make_stats()
+    assert snapshot.prefix_cache_queries == 21 and snapshot.prefix_cache_hits == 8
+    assert snapshot.num_cold_tokens == 13
+    assert snapshot.usage == 4 / 10  # blocks 0..3 held
+    assert snapshot.num_checkpoints == 0 and snapshot.num_checkpoint_blocks == 0
+    admit(manager, make_request("c", list(range(10))))
+    # A snapshot is a copy: later lookups change the next one, not this one.
+    assert snapshot.prefix_cache_queries == 21
+    assert manager.make_stats().prefix_cache_queries == 31

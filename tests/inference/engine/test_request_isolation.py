@@ -92,14 +92,14 @@ def _inject(monkeypatch, engine: LLMEngine, place: str) -> None:
         monkeypatch.setattr(GrammarState, name, wrapped)
         monkeypatch.setattr(GrammarState, "__init__", init)
     elif place == "stop":
-        real = engine._check_stop
+        real = engine.scheduler.check_stop
 
         def check_stop(request, token):
             if request.sampling_params.stop_list and third_call():
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
             return real(request, token)
 
-        monkeypatch.setattr(engine, "_check_stop", check_stop)
+        monkeypatch.setattr(engine.scheduler, "check_stop", check_stop)
 
 
 @pytest.mark.parametrize("place", ["sampling", "grammar_mask", "grammar_accept", "stop"])

@@ -2,8 +2,10 @@
 
 from inference.engine.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
-from inference.engine.scheduler import Scheduler, SchedulerOutput
+from inference.engine.scheduler import Scheduler
+from inference.engine.scheduler_output import SchedulerOutput
 
 BLOCK = 4
 
@@ -148,3 +150,139 @@ def test_two_kv_groups_survive_pressure_on_either_pool():
         assert manager.block_pool.num_free_blocks == num_blocks
         assert manager.sliding.block_pool.num_free_blocks == num_sliding_blocks
         assert scheduler.num_preemptions > 0
+
+
+# ---- update_from_output: what a step's sampled tokens do to its requests -------------------
+
+
+def scheduler_with_stops(tokenizer, num_blocks=16, budget=64, max_model_len=None) -> Scheduler:
+    manager = KVCacheManager(num_blocks, BLOCK, True, model_fingerprint="test")
+    return Scheduler(
+        manager,
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        tokenizer=tokenizer,
+        max_model_len=max_model_len,
+    )
+
+
+def sampled_for(output: SchedulerOutput, token: int) -> dict[str, int]:
+    """What the runner returns: a token for each request whose prompt is done this step."""
+    return {
+        s.request.request_id: token
+        for s in output.scheduled
+        if s.request.num_computed_tokens + s.num_new_tokens == s.request.num_tokens
+    }
+
+
+def test_update_from_output_appends_tokens_and_finishes_at_max_tokens(tiny_engine):
+    scheduler = scheduler_with_stops(tiny_engine.tokenizer, budget=8)
+    a = Request("a", list(range(100, 112)), SamplingParams(max_tokens=2, ignore_eos=True))
+    scheduler.add_request(a)
+    out = scheduler.schedule()  # 8 of 12 prompt tokens: nothing sampled
+    assert scheduler.update_from_output(out, sampled_for(out, 7)) == []
+    assert a.num_computed_tokens == 8 and a.output_token_ids == []
+    out = scheduler.schedule()
+    assert scheduler.update_from_output(out, sampled_for(out, 7)) == []
+    assert a.num_computed_tokens == 12 and a.output_token_ids == [7]
+    out = scheduler.schedule()
+    assert scheduler.update_from_output(out, sampled_for(out, 9)) == [a]
+    assert a.status == RequestStatus.FINISHED_LENGTH and a.output_token_ids == [7, 9]
+    assert not scheduler.has_unfinished()
+    assert scheduler.kv_cache_manager.usage() == 0.0
+
+
+def test_update_from_output_stops_on_a_stop_token_unless_eos_is_ignored(tiny_engine):
+    tokenizer = tiny_engine.tokenizer
+    stop = min(tokenizer.stop_token_ids)
+    scheduler = scheduler_with_stops(tokenizer)
+    a = Request("a", list(range(100, 104)), SamplingParams(max_tokens=4))
+    b = Request("b", list(range(200, 204)), SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()
+    assert scheduler.update_from_output(out, sampled_for(out, stop)) == [a]
+    assert a.status == RequestStatus.FINISHED_STOPPED
+    assert scheduler.running == [b] and b.output_token_ids == [stop]
+
+
+def test_update_from_output_stops_on_a_stop_string(tiny_engine):
+    tokenizer = tiny_engine.tokenizer
+    pieces = tokenizer.encode(" the bell rings")
+    scheduler = scheduler_with_stops(tokenizer)
+    a = Request("a", list(range(100, 104)), SamplingParams(max_tokens=20, stop=["bell"]))
+    scheduler.add_request(a)
+    for token in pieces:
+        out = scheduler.schedule()
+        if scheduler.update_from_output(out, sampled_for(out, token)):
+            break
+    assert a.status == RequestStatus.FINISHED_STOPPED
+    assert "bell" in tokenizer.decode(a.output_token_ids)
+    assert "bell" not in tokenizer.decode(a.output_token_ids[:-1])
+
+
+def test_update_from_output_finishes_at_the_model_length(tiny_engine):
+    scheduler = scheduler_with_stops(tiny_engine.tokenizer, max_model_len=6)
+    a = Request("a", list(range(100, 104)), SamplingParams(max_tokens=20, ignore_eos=True))
+    scheduler.add_request(a)
+    steps = 0
+    while scheduler.has_unfinished():
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, sampled_for(out, 5))
+        steps += 1
+    assert steps == 2 and a.num_tokens == 6 and a.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_a_failed_token_finishes_its_request_alone(tiny_engine):
+    scheduler = scheduler_with_stops(tiny_engine.tokenizer)
+    a = Request("a", list(range(100, 104)), SamplingParams(max_tokens=4, ignore_eos=True))
+    b = Request("b", list(range(200, 204)), SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()
+    sampled = {"a": 5, "b": RequestError("its grammar failed: boom")}
+    assert scheduler.update_from_output(out, sampled) == [b]
+    assert b.status == RequestStatus.FINISHED_ABORTED
+    assert isinstance(b.error, RequestError) and "request b failed in the engine" in str(b.error)
+    assert scheduler.running == [a] and a.output_token_ids == [5] and a.error is None
+
+
+def test_a_failed_step_finishes_what_it_ran_and_forgets_its_blocks(tiny_engine):
+    scheduler = scheduler_with_stops(tiny_engine.tokenizer, budget=8)
+    a = Request("a", list(range(100, 108)), SamplingParams(max_tokens=4))
+    b = Request("b", list(range(200, 208)), SamplingParams(max_tokens=4))
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    out = scheduler.schedule()  # the budget holds a only; b waits
+    assert scheduler.fail_step(out, RuntimeError("device lost")) == [a]
+    assert a.status == RequestStatus.FINISHED_ABORTED and "device lost" in str(a.error)
+    assert list(scheduler.waiting) == [b] and b.error is None
+    # a's blocks were never written: a request with the same prompt finds nothing cached.
+    again = Request("c", list(range(100, 108)), SamplingParams(max_tokens=4))
+    assert scheduler.kv_cache_manager.get_computed_blocks(again)[1] == 0
+
+
+def test_finish_requests_finishes_only_the_named_ones():
+    scheduler = make_scheduler(max_num_seqs=1)
+    for rid in "abc":
+        scheduler.add_request(request(rid, 3, start=ord(rid) * 10))
+    scheduler.schedule()  # a runs, b and c wait
+    found = scheduler.finish_requests(["c", "a", "unknown"], RequestStatus.FINISHED_ABORTED)
+    assert [r.request_id for r in found] == ["a", "c"]
+    assert scheduler.running == [] and [r.request_id for r in scheduler.waiting] == ["b"]
+
+
+def test_make_stats_is_a_snapshot_of_the_queues_and_counters():
+    scheduler = make_scheduler(num_blocks=4, budget=64)
+    scheduler.add_request(request("a", 8))
+    scheduler.add_request(request("b", 8, start=50))
+    scheduler.add_request(request("c", 3, start=90))
+    out = scheduler.schedule()
+    run_step(scheduler, out)
+    scheduler.schedule()  # b is preempted
+    stats = scheduler.make_stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_preemptions) == (1, 2, 1)
+    assert stats.num_prefill_tokens == 16 and stats.num_forced_tokens == 0
+    assert stats.reuse_sources == {"none": 2}
+    stats.reuse_sources["none"] = 99  # a copy: the scheduler's own count is untouched
+    assert scheduler.make_stats().reuse_sources == {"none": 2}

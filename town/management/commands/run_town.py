@@ -7,20 +7,12 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from inference.nodes import nodes_without_worker
 from town import services
 from town.management.commands.create_run import add_run_arguments, run_create_from_options
 from town.selectors import run_summary
 from town.simulation import InlineSend, lease_owner_name, tick_run
 from town.tasks import decision_send
-
-
-def nodes_without_worker(nodes: list[str], timeout_s: float = 3.0) -> list[str]:
-    """The nodes whose queue no running Celery worker consumes."""
-    from pokosite.celery import app
-
-    active = app.control.inspect(timeout=timeout_s).active_queues() or {}
-    consumed = {queue["name"] for queues in active.values() for queue in queues}
-    return [node for node in nodes if node not in consumed]
 
 
 class Command(BaseCommand):
