@@ -29,6 +29,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from inference.completion import CompletionMetrics
+
 logger = logging.getLogger(__name__)
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py).
@@ -38,42 +40,42 @@ LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000]
 
-# name → (help, buckets, value from the request's metrics dict)
+# name → (help, buckets, value from the request's CompletionMetrics)
 HISTOGRAMS: dict[str, tuple[str, list[float], Any]] = {
     "vllm:time_to_first_token_seconds": (
-        "Histogram of time to first token in seconds.", TTFT_BUCKETS, lambda m: m["ttft_s"]),
+        "Histogram of time to first token in seconds.", TTFT_BUCKETS, lambda m: m.ttft_s),
     "vllm:e2e_request_latency_seconds": (
-        "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS, lambda m: m["e2e_s"]),
+        "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS, lambda m: m.e2e_s),
     "vllm:request_queue_time_seconds": (
         "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS,
-        lambda m: m["queue_s"]),
+        lambda m: m.queue_s),
     "vllm:request_prefill_time_seconds": (
         "Histogram of time spent in PREFILL phase for request.", LATENCY_BUCKETS,
-        lambda m: m["prefill_s"]),
+        lambda m: m.prefill_s),
     "vllm:request_decode_time_seconds": (
         "Histogram of time spent in DECODE phase for request.", LATENCY_BUCKETS,
-        lambda m: m["decode_s"]),
+        lambda m: m.decode_s),
     "vllm:request_inference_time_seconds": (
         "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS,
-        lambda m: m["prefill_s"] + m["decode_s"]),
+        lambda m: m.prefill_s + m.decode_s),
     "vllm:request_prompt_tokens": (
-        "Number of prefill tokens processed.", TOKEN_BUCKETS, lambda m: m["num_prompt_tokens"]),
+        "Number of prefill tokens processed.", TOKEN_BUCKETS, lambda m: m.num_prompt_tokens),
     "vllm:request_generation_tokens": (
         "Number of generation tokens processed.", TOKEN_BUCKETS,
-        lambda m: m["num_output_tokens"]),
+        lambda m: m.num_output_tokens),
 }  # fmt: skip
 COUNTERS: dict[str, tuple[str, Any]] = {
-    "vllm:prompt_tokens": ("Number of prefill tokens processed.", lambda m: m["num_prompt_tokens"]),
+    "vllm:prompt_tokens": ("Number of prefill tokens processed.", lambda m: m.num_prompt_tokens),
     "vllm:generation_tokens": (
-        "Number of generation tokens processed.", lambda m: m["num_output_tokens"]),
+        "Number of generation tokens processed.", lambda m: m.num_output_tokens),
     "vllm:prefix_cache_queries": (
         "Prefix cache queries, in terms of number of queried tokens.",
-        lambda m: m["num_prompt_tokens"]),
+        lambda m: m.num_prompt_tokens),
     "vllm:prefix_cache_hits": (
         "Prefix cache hits, in terms of number of cached tokens.",
-        lambda m: m["num_cached_tokens"]),
+        lambda m: m.num_cached_tokens),
     "vllm:num_preemptions": (
-        "Cumulative number of preemption from the engine.", lambda m: m.get("num_preemptions", 0)),
+        "Cumulative number of preemption from the engine.", lambda m: m.num_preemptions),
 }  # fmt: skip
 SUCCESS = "vllm:request_success"
 LOST = "pokomachi:lost_prompt_tokens"
@@ -82,18 +84,6 @@ HELP = {
     LOST: "Prompt tokens that were not reused from the prefix cache, by reason.",
 }
 PAUSE_AFTER_FAILURE_S = 30.0
-
-
-def _lost_tokens(metrics: dict[str, Any]) -> dict[str, int]:
-    """Lost prompt tokens by reason, as the engine reports them: RequestMetrics fields
-    `num_lost_to_<why>`, or `lost_<why>` / a `lost_tokens` dict."""
-    lost: dict[str, int] = {}
-    for key, value in metrics.items():
-        if key == "lost_tokens" and isinstance(value, dict):
-            lost.update({str(k): int(v) for k, v in value.items()})
-        elif key.startswith(("lost_", "num_lost_to_")) and isinstance(value, int | float):
-            lost[key.removeprefix("num_lost_to_").removeprefix("lost_")] = int(value)
-    return lost
 
 
 def _field(name: str, labels: dict[str, str], part: str) -> str:
@@ -105,7 +95,7 @@ def _bucket_index(value: float, buckets: list[float]) -> int:
 
 
 def metric_increments(
-    *, model: str, metrics: dict[str, Any], finish_reason: str
+    *, model: str, metrics: CompletionMetrics, finish_reason: str
 ) -> dict[str, float]:
     """The hash fields one finished request adds to, and by how much."""
     labels = {"model_name": model}
@@ -113,12 +103,12 @@ def metric_increments(
     for name, (_, value_of) in COUNTERS.items():
         out[_field(name, labels, "total")] = float(value_of(metrics) or 0)
     out[_field(SUCCESS, {**labels, "finished_reason": finish_reason}, "total")] = 1.0
-    for reason, tokens in _lost_tokens(metrics).items():
+    for reason, tokens in metrics.lost_tokens.items():
         out[_field(LOST, {**labels, "reason": reason}, "total")] = float(tokens)
     for name, (_, buckets, value_of) in HISTOGRAMS.items():
         try:
             value = float(value_of(metrics))
-        except (KeyError, TypeError):
+        except TypeError:  # a time the backend did not report (None)
             continue
         out[_field(name, labels, f"b{_bucket_index(value, buckets)}")] = 1.0
         out[_field(name, labels, "sum")] = value
@@ -176,8 +166,8 @@ class _Store:
 _store = _Store()
 
 
-def metrics_record(*, model: str, metrics: dict[str, Any], finish_reason: str) -> None:
-    """Add one finished request (its RequestMetrics as a dict) to the shared counters."""
+def metrics_record(*, model: str, metrics: CompletionMetrics, finish_reason: str) -> None:
+    """Add one finished request to the shared counters."""
     _store.add(metric_increments(model=model, metrics=metrics, finish_reason=finish_reason))
 
 

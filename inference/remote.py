@@ -20,11 +20,10 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.completion import Completion, CompletionMetrics, CompletionRequest
 from inference.errors import CompletionInputError, InferenceError
 
 logger = logging.getLogger(__name__)
-
-_SERVER_TIMINGS = ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s")
 
 
 class RemoteServerError(InferenceError):
@@ -51,46 +50,36 @@ def _client():
     )
 
 
-def _request(
-    *,
-    messages: list[dict[str, str]],
-    json_schema: dict[str, Any] | None,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    stop: list[str] | None,
-    cache_salt: str | None,
-) -> dict[str, Any]:
+def _request(request: CompletionRequest) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": remote_model(),
         # Only what OpenAI defines: the town's cache breakpoints ("cache": True) are ours.
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
+        "messages": [{"role": m["role"], "content": m["content"]} for m in request.messages],
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if seed is not None:
-        body["seed"] = seed
-    if stop:
-        body["stop"] = stop
-    if json_schema is not None:
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if request.stop:
+        body["stop"] = request.stop
+    if request.json_schema is not None:
         body["response_format"] = {
             "type": "json_schema",
-            "json_schema": {"name": "decision", "schema": json_schema},
+            "json_schema": {"name": "decision", "schema": request.json_schema},
         }
-    if cache_salt is not None:
-        body["extra_body"] = {"cache_salt": cache_salt}  # vLLM's prefix-cache isolation key
+    if request.cache_salt is not None:
+        body["extra_body"] = {"cache_salt": request.cache_salt}  # vLLM's prefix-cache isolation key
     return body
 
 
 def remote_generate(
-    *, on_text: Callable[[str], None] | None = None, **request: Any
-) -> tuple[str, str, dict[str, Any]]:
-    """(text, finish reason, metrics dict shaped like the engine's RequestMetrics) from the
-    external server; CompletionInputError if it refused the request (HTTP 4xx)."""
+    *, request: CompletionRequest, on_text: Callable[[str], None] | None = None
+) -> Completion:
+    """The completion from the external server (no token ids: it does not send them);
+    CompletionInputError if it refused the request (HTTP 4xx)."""
     import openai
 
     base_url = settings.INFERENCE_OPENAI["base_url"]
@@ -99,7 +88,7 @@ def remote_generate(
     pieces: list[str] = []
     finish_reason, usage, server_metrics = "stop", None, {}
     try:
-        stream = _client().chat.completions.create(**_request(**request))
+        stream = _client().chat.completions.create(**_request(request))
         for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -126,25 +115,42 @@ def remote_generate(
     ended = time.monotonic()
     first = first_token_at or ended
     client = {"ttft_s": first - started, "e2e_s": ended - started, "decode_s": ended - first}
-    return "".join(pieces), finish_reason, _metrics(usage, server_metrics, client)
+    metrics = _metrics(usage, server_metrics, client)
+    return Completion(
+        text="".join(pieces),
+        token_ids=[],
+        finish_reason=finish_reason,
+        num_prompt_tokens=metrics.num_prompt_tokens or 0,
+        metrics=metrics,
+    )
 
 
-def _metrics(usage: Any, server: dict[str, Any], client: dict[str, float]) -> dict[str, Any]:
-    metrics: dict[str, Any] = {
-        "backend": f"openai:{settings.INFERENCE_OPENAI['base_url']}",
-        "client_ttft_s": client["ttft_s"],
-        "client_e2e_s": client["e2e_s"],
-        "num_preemptions": 0,
-    }
-    for name in _SERVER_TIMINGS:
+def _metrics(usage: Any, server: dict[str, Any], client: dict[str, float]) -> CompletionMetrics:
+    """The server's usage for token counts; its own timings where it sends them (our /v1's
+    `metrics`), else the client's."""
+
+    def timing(name: str) -> float | None:
         value = server.get(name)
-        metrics[name] = value if isinstance(value, int | float) else client.get(name)
+        return value if isinstance(value, int | float) else client.get(name)
+
     if usage is None:
         logger.warning("the OpenAI-compatible server sent no usage: token counts unknown")
-        metrics.update(num_prompt_tokens=None, num_cached_tokens=None, num_output_tokens=None)
-        return metrics
-    details = usage.prompt_tokens_details
-    metrics["num_prompt_tokens"] = usage.prompt_tokens
-    metrics["num_output_tokens"] = usage.completion_tokens
-    metrics["num_cached_tokens"] = details.cached_tokens if details is not None else None
-    return metrics
+        num_prompt = num_cached = num_output = None
+    else:
+        details = usage.prompt_tokens_details
+        num_prompt, num_output = usage.prompt_tokens, usage.completion_tokens
+        num_cached = details.cached_tokens if details is not None else None
+    return CompletionMetrics(
+        queue_s=timing("queue_s"),
+        prefill_s=timing("prefill_s"),
+        decode_s=timing("decode_s"),
+        ttft_s=timing("ttft_s"),
+        e2e_s=timing("e2e_s"),
+        num_prompt_tokens=num_prompt,
+        num_cached_tokens=num_cached,
+        num_output_tokens=num_output,
+        num_preemptions=0,
+        backend=f"openai:{settings.INFERENCE_OPENAI['base_url']}",
+        client_ttft_s=client["ttft_s"],
+        client_e2e_s=client["e2e_s"],
+    )

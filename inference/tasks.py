@@ -25,19 +25,9 @@ from django.conf import settings
 
 from inference.completion_streams import StreamCancelled, StreamPublisher
 from inference.errors import CompletionInputError, CompletionTimeoutError
-from inference.services import Completion, completion_generate
+from inference.services import CompletionRequest, completion_generate
 
 logger = logging.getLogger(__name__)
-
-
-def _result(completion: Completion) -> dict[str, Any]:
-    return {
-        "text": completion.text,
-        "token_ids": completion.token_ids,
-        "finish_reason": completion.finish_reason,
-        "num_prompt_tokens": completion.num_prompt_tokens,
-        "metrics": completion.metrics,
-    }
 
 
 # Past the engine deadline (OPENAI_API_TIMEOUT_S): for prefork pools only, see above.
@@ -56,21 +46,26 @@ def _timeout_message(exc: BaseException) -> str:
     time_limit=TIME_LIMIT_S,
 )
 def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> dict[str, Any]:
-    """`request`: completion_generate's keyword arguments (plain JSON). Returns the completion
-    as a dict, or {"error": why} ({"error": why, "status": 504} when it ran out of time); with
-    `stream_key`, streams it there as well."""
+    """`request`: a CompletionRequest's JSON (CompletionRequest.to_json). Returns the completion's
+    JSON (Completion.to_json), or {"error": why} ({"error": why, "status": 504} when it ran out
+    of time); with `stream_key`, streams it there as well."""
     timeout_s = settings.OPENAI_API_TIMEOUT_S
     if stream_key is None:
         try:
-            return _result(completion_generate(**request, timeout_s=timeout_s))
+            completion = completion_generate(
+                request=CompletionRequest.from_json(request), timeout_s=timeout_s
+            )
+            return completion.to_json()
         except CompletionInputError as exc:
             return {"error": str(exc)}
         except (CompletionTimeoutError, SoftTimeLimitExceeded) as exc:
             return {"error": _timeout_message(exc), "status": 504}
     with StreamPublisher(stream_key) as stream:
         try:
-            result = _result(
-                completion_generate(**request, on_text=stream.delta, timeout_s=timeout_s)
+            completion = completion_generate(
+                request=CompletionRequest.from_json(request),
+                on_text=stream.delta,
+                timeout_s=timeout_s,
             )
         except CompletionInputError as exc:
             stream.error(f"the engine refused the request: {exc}", status=400)
@@ -84,5 +79,6 @@ def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> d
         except Exception as exc:
             stream.error(f"the node failed the completion: {type(exc).__name__}: {exc}", status=500)
             raise
+        result = completion.to_json()
         stream.done(result)
         return result

@@ -1,5 +1,5 @@
-"""The OpenAI chat-completions protocol: a request body checked and turned into
-completion_generate's arguments, and the response, stream chunks and errors OpenAI's clients
+"""The OpenAI chat-completions protocol: a request body checked and turned into a
+CompletionRequest, and the response, stream chunks and errors OpenAI's clients
 expect (`usage.prompt_tokens_details.cached_tokens` included).
 """
 
@@ -9,8 +9,10 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from inference.completion import Completion, CompletionRequest
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "audio")
@@ -53,7 +55,7 @@ class ChatRequest:
     node: str | None
     stream: bool
     include_usage: bool
-    generate: dict[str, Any] = field(default_factory=dict)  # completion_generate's arguments
+    completion_request: CompletionRequest
 
 
 def body_parse(raw: bytes) -> Any:
@@ -241,16 +243,16 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
         node=node,
         stream=stream,
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-        generate={
-            "messages": _messages(body.get("messages")),
-            "json_schema": _json_schema(body.get("response_format")),
-            "max_tokens": _max_tokens(body),
-            "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
-            "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
-            "seed": seed,
-            "stop": _stop(body.get("stop")),
-            "cache_salt": cache_salt,
-        },
+        completion_request=CompletionRequest(
+            messages=_messages(body.get("messages")),
+            json_schema=_json_schema(body.get("response_format")),
+            max_tokens=_max_tokens(body),
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+            seed=seed,
+            stop=_stop(body.get("stop")),
+            cache_salt=cache_salt,
+        ),
     )
 
 
@@ -258,19 +260,25 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def usage(result: dict[str, Any]) -> dict[str, Any]:
-    metrics = result["metrics"]
-    prompt = int(metrics.get("num_prompt_tokens", result["num_prompt_tokens"]))
-    completion = int(metrics.get("num_output_tokens", len(result["token_ids"])))
+def usage(completion: Completion) -> dict[str, Any]:
+    metrics = completion.metrics
+    prompt = _count(metrics.num_prompt_tokens, completion.num_prompt_tokens)
+    output = _count(metrics.num_output_tokens, len(completion.token_ids))
     return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": int(metrics.get("num_cached_tokens") or 0)},
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": metrics.num_cached_tokens or 0},
     }
 
 
-def chat_completion_body(*, id_: str, model: str, result: dict[str, Any]) -> dict[str, Any]:
+def _count(reported: int | None, fallback: int) -> int:
+    """A backend's token count; when it reported none (an external server that sent no usage),
+    what this side knows."""
+    return reported if reported is not None else fallback
+
+
+def chat_completion_body(*, id_: str, model: str, completion: Completion) -> dict[str, Any]:
     return {
         "id": id_,
         "object": "chat.completion",
@@ -279,14 +287,14 @@ def chat_completion_body(*, id_: str, model: str, result: dict[str, Any]) -> dic
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": result["text"]},
-                "finish_reason": result["finish_reason"],
+                "message": {"role": "assistant", "content": completion.text},
+                "finish_reason": completion.finish_reason,
                 "logprobs": None,
             }
         ],
-        "usage": usage(result),
+        "usage": usage(completion),
         # Not OpenAI's: the engine's timings (vLLM definitions), for side-by-side comparison.
-        "metrics": result["metrics"],
+        "metrics": completion.metrics.to_json(),
     }
 
 

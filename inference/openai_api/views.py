@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.cache_salt import request_identity, v1_cache_salt
+from inference.completion import Completion
 from inference.completion_streams import (
     StreamTimeout,
     completion_stream_key,
@@ -70,7 +72,10 @@ def _send(request: ChatRequest, *, stream_key: str | None) -> tuple[str, Any]:
     # expires: a node that comes up after the client gave up drops the request.
     try:
         result = task_send(
-            chat_completion, args=[request.generate, stream_key], queue=queue, expires=timeout_s
+            chat_completion,
+            args=[request.completion_request.to_json(), stream_key],
+            queue=queue,
+            expires=timeout_s,
         )
     except TaskQueueUnavailable as exc:
         raise OpenAIError(str(exc), status=503, type_="server_error", code="queue_down") from exc
@@ -81,7 +86,7 @@ def _result_meta(result: Any) -> dict[str, Any]:
     return result.backend.get_task_meta(result.id)
 
 
-async def _wait(node: str, result: Any, *, deadline: float) -> dict[str, Any] | None:
+async def _wait(node: str, result: Any, *, deadline: float) -> Completion | None:
     """The task's answer; None while it is not there yet and `deadline` has not passed."""
     meta = await sync_to_async(_result_meta, thread_sensitive=False)(result)
     state = meta.get("status")
@@ -91,7 +96,7 @@ async def _wait(node: str, result: Any, *, deadline: float) -> dict[str, Any] | 
             if answer.get("status") == 504:
                 raise OpenAIError(answer["error"], status=504, type_="timeout")
             raise OpenAIError(f"the engine refused the request: {answer['error']}")
-        return answer
+        return Completion.from_json(answer)
     if state in ("FAILURE", "REVOKED"):
         raise OpenAIError(
             f"node {node!r} failed the completion: {meta.get('result')!r}",
@@ -108,7 +113,7 @@ async def _wait(node: str, result: Any, *, deadline: float) -> dict[str, Any] | 
     return None
 
 
-async def _answer(node: str, result: Any) -> dict[str, Any]:
+async def _answer(node: str, result: Any) -> Completion:
     deadline = time.monotonic() + settings.OPENAI_API_TIMEOUT_S
     while (answer := await _wait(node, result, deadline=deadline)) is None:
         await asyncio.sleep(POLL_S)
@@ -139,7 +144,7 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
         chunk(id_=id_, model=model, created=created, delta={"role": "assistant", "content": ""})
     )
     last_sent = time.monotonic()
-    answer: dict[str, Any] = {}
+    completion: Completion | None = None
     try:
         async with contextlib.aclosing(_events_until_left(id_, node)) as events:
             async for event in events:
@@ -155,7 +160,7 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
                     type_ = "invalid_request_error" if status < 500 else "server_error"
                     raise OpenAIError(event.data["message"], status=status, type_=type_)
                 elif event.kind == "done":
-                    answer = event.data
+                    completion = Completion.from_json(event.data)
     except StreamTimeout as exc:
         type_ = "timeout" if exc.status == 504 else "server_error"
         yield _sse(OpenAIError(str(exc), status=exc.status, type_=type_).body())
@@ -165,14 +170,13 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
         yield _sse(exc.body())
         yield "data: [DONE]\n\n"
         return
-    yield _sse(
-        chunk(
-            id_=id_, model=model, created=created, delta={}, finish_reason=answer["finish_reason"]
-        )
-    )
+    assert completion is not None  # stream_events ends with done, an error, or StreamTimeout
+    finish_reason = completion.finish_reason
+    yield _sse(chunk(id_=id_, model=model, created=created, delta={}, finish_reason=finish_reason))
     if request.include_usage:
-        final = chunk(id_=id_, model=model, created=created, usage_=usage(answer))
-        final["metrics"] = answer["metrics"]  # not OpenAI's: the engine's timings, as in plain
+        final = chunk(id_=id_, model=model, created=created, usage_=usage(completion))
+        # Not OpenAI's: the engine's timings, as in a plain answer.
+        final["metrics"] = completion.metrics.to_json()
         yield _sse(final)
     yield "data: [DONE]\n\n"
 
@@ -185,8 +189,13 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         body = body_parse(request.body)
         chat = chat_request_parse(body, served_model=_served_model())
-        chat.generate["cache_salt"] = v1_cache_salt(
-            identity=await request_identity(request), client_salt=chat.generate["cache_salt"]
+        salt = v1_cache_salt(
+            identity=await request_identity(request),
+            client_salt=chat.completion_request.cache_salt,
+        )
+        chat = dataclasses.replace(
+            chat,
+            completion_request=dataclasses.replace(chat.completion_request, cache_salt=salt),
         )
         id_ = completion_id()
         stream_key = completion_stream_key(id_) if chat.stream else None
@@ -200,10 +209,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"
             return response
-        answer = await _answer(node, result)
+        completion = await _answer(node, result)
     except OpenAIError as exc:
         return _error(exc)
-    return JsonResponse(chat_completion_body(id_=id_, model=chat.model, result=answer))
+    return JsonResponse(chat_completion_body(id_=id_, model=chat.model, completion=completion))
 
 
 async def models(request: HttpRequest) -> HttpResponse:

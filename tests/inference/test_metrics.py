@@ -11,6 +11,7 @@ import redis
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference.completion import CompletionMetrics
 from inference.metrics import metrics_record
 
 MODEL = "smollm2-tiny-random"
@@ -38,8 +39,8 @@ def _scrape() -> dict[str, dict[tuple, float]]:
     return samples
 
 
-def _request(**overrides) -> dict:
-    return {
+def _request(**overrides) -> CompletionMetrics:
+    fields = {
         "queue_s": 0.2,
         "prefill_s": 0.7,
         "decode_s": 1.2,
@@ -49,18 +50,16 @@ def _request(**overrides) -> dict:
         "num_cached_tokens": 1024,
         "num_output_tokens": 40,
         "num_preemptions": 0,
-        **overrides,
     }
+    return CompletionMetrics(**{**fields, **overrides})
 
 
 def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
     metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")
     metrics_record(
         model=MODEL,
-        # Both spellings of lost tokens: a `lost_tokens` dict and RequestMetrics-style fields.
-        metrics=_request(
-            e2e_s=12.0, num_cached_tokens=0, lost_tokens={"eviction": 48}, num_lost_to_cold=16
-        ),
+        # Lost tokens become a counter per reason, whatever the reasons are.
+        metrics=_request(e2e_s=12.0, num_cached_tokens=0, lost_tokens={"eviction": 48, "cold": 16}),
         finish_reason="length",
     )
     s = _scrape()

@@ -204,13 +204,13 @@ def test_request_parsing_maps_roles_parts_and_formats():
         },
         served_model=MODEL,
     )
-    assert chat.generate["messages"] == [
+    assert chat.completion_request.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab"},
     ]
-    assert chat.generate["max_tokens"] == 7 and chat.generate["stop"] == ["\n"]
-    assert chat.generate["json_schema"] == {"type": "object"}
-    assert chat.stream and chat.include_usage and chat.generate["temperature"] == 1.0
+    assert chat.completion_request.max_tokens == 7 and chat.completion_request.stop == ["\n"]
+    assert chat.completion_request.json_schema == {"type": "object"}
+    assert chat.stream and chat.include_usage and chat.completion_request.temperature == 1.0
     with pytest.raises(OpenAIError, match="only text parts"):
         chat_request_parse(
             {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image"}]}]},

@@ -13,7 +13,7 @@ import pytest
 
 from inference.errors import CompletionInputError
 from inference.remote import RemoteServerError
-from inference.services import completion_generate, completion_model
+from inference.services import Completion, CompletionRequest, completion_generate, completion_model
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Tick
@@ -37,6 +37,10 @@ SCHEMA = {
 }
 
 
+def _generate(*, on_text=None, **request) -> Completion:
+    return completion_generate(request=CompletionRequest(**request), on_text=on_text)
+
+
 @pytest.fixture
 def remote(openai_server, settings):
     base_url, worker = openai_server
@@ -46,35 +50,35 @@ def remote(openai_server, settings):
 
 def test_completions_come_from_the_server_with_its_tokens_and_timings(remote):
     assert completion_model() == MODEL
-    first = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=8, cache_salt="a")
+    first = _generate(messages=MESSAGES, json_schema=None, max_tokens=8, cache_salt="a")
     pieces: list[str] = []
-    second = completion_generate(
+    second = _generate(
         messages=MESSAGES, json_schema=None, max_tokens=8, cache_salt="a", on_text=pieces.append
     )
     assert second.text == first.text and "".join(pieces) == second.text  # greedy, streamed
     assert second.token_ids == []  # an OpenAI server does not send them
     m = second.metrics
-    assert m["backend"] == f"openai:{remote[0]}"
-    assert m["num_prompt_tokens"] == second.num_prompt_tokens > 64
-    assert 1 <= m["num_output_tokens"] <= 8
+    assert m.backend == f"openai:{remote[0]}"
+    assert m.num_prompt_tokens == second.num_prompt_tokens > 64
+    assert 1 <= m.num_output_tokens <= 8
     # usage.prompt_tokens_details.cached_tokens became the decision's cached tokens.
     # (token-exact reuse: the same prompt again reuses all but its last token)
-    assert m["num_cached_tokens"] == m["num_prompt_tokens"] - 1
+    assert m.num_cached_tokens == m.num_prompt_tokens - 1
     # Our /v1 reports the engine's own timings; the client's view is kept beside them.
     for name in ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s"):
-        assert isinstance(m[name], float) and m[name] >= 0, name
-    assert m["client_e2e_s"] >= m["e2e_s"] and m["client_ttft_s"] >= m["ttft_s"]
+        assert isinstance(getattr(m, name), float) and getattr(m, name) >= 0, name
+    assert m.client_e2e_s >= m.e2e_s and m.client_ttft_s >= m.ttft_s
     # A different salt shares nothing with the first two.
-    other = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=2, cache_salt="b")
-    assert other.metrics["num_cached_tokens"] == 0
+    other = _generate(messages=MESSAGES, json_schema=None, max_tokens=2, cache_salt="b")
+    assert other.metrics.num_cached_tokens == 0
 
-    structured = completion_generate(messages=MESSAGES, json_schema=SCHEMA, max_tokens=60)
+    structured = _generate(messages=MESSAGES, json_schema=SCHEMA, max_tokens=60)
     jsonschema.validate(json.loads(structured.text), SCHEMA)
 
 
 def test_refusals_and_a_dead_server_are_clear_errors(remote, settings):
     with pytest.raises(CompletionInputError, match=r"refused the request: .*context"):
-        completion_generate(
+        _generate(
             messages=[{"role": "user", "content": "melon pan " * 6000}],
             json_schema=None,
             max_tokens=4,
@@ -87,7 +91,7 @@ def test_refusals_and_a_dead_server_are_clear_errors(remote, settings):
         "base_url": f"http://127.0.0.1:{port}/v1",
     }
     with pytest.raises(RemoteServerError, match=f"no answer from http://127.0.0.1:{port}/v1"):
-        completion_generate(messages=MESSAGES, json_schema=None, max_tokens=2)
+        _generate(messages=MESSAGES, json_schema=None, max_tokens=2)
 
 
 def test_a_tick_decided_by_the_external_server(remote, celery_worker_process):
@@ -130,14 +134,14 @@ def test_a_server_without_per_request_timings_gets_the_clients(settings):
         }
     )
     m = _metrics(usage, {}, {"ttft_s": 0.4, "e2e_s": 2.4, "decode_s": 2.0})
-    assert (m["num_prompt_tokens"], m["num_cached_tokens"], m["num_output_tokens"]) == (
+    assert (m.num_prompt_tokens, m.num_cached_tokens, m.num_output_tokens) == (
         1700,
         1536,
         40,
     )
-    assert (m["ttft_s"], m["e2e_s"], m["decode_s"]) == (0.4, 2.4, 2.0)
-    assert m["queue_s"] is None and m["prefill_s"] is None
-    assert m["backend"] == "openai:http://gpu1:8000/v1"
+    assert (m.ttft_s, m.e2e_s, m.decode_s) == (0.4, 2.4, 2.0)
+    assert m.queue_s is None and m.prefill_s is None
+    assert m.backend == "openai:http://gpu1:8000/v1"
     # No usage at all (a server that ignores include_usage): counts unknown, timings kept.
     bare = _metrics(None, {}, {"ttft_s": 0.4, "e2e_s": 2.4, "decode_s": 2.0})
-    assert bare["num_cached_tokens"] is None and bare["e2e_s"] == 2.4
+    assert bare.num_cached_tokens is None and bare.e2e_s == 2.4

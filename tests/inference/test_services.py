@@ -10,7 +10,7 @@ import pytest
 
 from inference.errors import CompletionInputError
 from inference.runtime import engine_get
-from inference.services import Completion, completion_generate
+from inference.services import Completion, CompletionRequest, completion_generate
 
 MESSAGES = [
     {"role": "system", "content": "You are a resident of a small town. Answer briefly."},
@@ -27,6 +27,10 @@ SCHEMA = {
 }
 
 
+def _generate(**request) -> Completion:
+    return completion_generate(request=CompletionRequest(**request))
+
+
 @pytest.fixture(scope="module")
 def engine():
     # Several threads asking at once for a process's first engine all get the same one.
@@ -41,22 +45,22 @@ def engine():
 
 
 def test_plain_completion(engine):
-    completion = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=8)
+    completion = _generate(messages=MESSAGES, json_schema=None, max_tokens=8)
     assert isinstance(completion, Completion)
     assert 1 <= len(completion.token_ids) <= 8
     assert completion.finish_reason in ("stop", "length")
     assert isinstance(completion.text, str)
     assert completion.num_prompt_tokens == len(engine.tokenizer.apply_chat_template(MESSAGES))
     metrics = completion.metrics
-    assert metrics["num_prompt_tokens"] == completion.num_prompt_tokens
-    assert metrics["num_output_tokens"] == len(completion.token_ids)
+    assert metrics.num_prompt_tokens == completion.num_prompt_tokens
+    assert metrics.num_output_tokens == len(completion.token_ids)
     for name in ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s"):
-        assert metrics[name] >= 0
-    assert metrics["e2e_s"] >= metrics["ttft_s"] > 0
+        assert getattr(metrics, name) >= 0
+    assert metrics.e2e_s >= metrics.ttft_s > 0
 
 
 def test_json_schema_output_is_valid_json_in_the_schema(engine):
-    completion = completion_generate(messages=MESSAGES, json_schema=SCHEMA, max_tokens=64)
+    completion = _generate(messages=MESSAGES, json_schema=SCHEMA, max_tokens=64)
     assert completion.finish_reason == "stop", completion.text
     decision = json.loads(completion.text)
     assert set(decision) == {"action", "target"}
@@ -65,20 +69,20 @@ def test_json_schema_output_is_valid_json_in_the_schema(engine):
 
 
 def test_greedy_repeat_is_identical_and_reuses_the_prompt(engine):
-    first = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=6, seed=1)
-    again = completion_generate(messages=MESSAGES, json_schema=None, max_tokens=6, seed=1)
+    first = _generate(messages=MESSAGES, json_schema=None, max_tokens=6, seed=1)
+    again = _generate(messages=MESSAGES, json_schema=None, max_tokens=6, seed=1)
     assert again.token_ids == first.token_ids
     # Same process, same engine: the prompt's full blocks come from the prefix cache.
     block_size = engine.config.block_size
     full_blocks = (first.num_prompt_tokens - 1) // block_size
-    assert again.metrics["num_cached_tokens"] >= full_blocks * block_size > 0
+    assert again.metrics.num_cached_tokens >= full_blocks * block_size > 0
 
 
 def test_cache_salt_keeps_prefixes_apart(engine):
-    salted = completion_generate(
+    salted = _generate(
         messages=MESSAGES, json_schema=None, max_tokens=2, cache_salt="run-that-never-ran-before"
     )
-    assert salted.metrics["num_cached_tokens"] == 0
+    assert salted.metrics.num_cached_tokens == 0
 
 
 @pytest.mark.parametrize(
@@ -96,4 +100,4 @@ def test_cache_salt_keeps_prefixes_apart(engine):
 def test_bad_input_is_a_completion_input_error(engine, kwargs, message):
     call = {"messages": MESSAGES, "json_schema": None, "max_tokens": 4, **kwargs}
     with pytest.raises(CompletionInputError, match=message):
-        completion_generate(**call)
+        _generate(**call)

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from inference.cache_salt import run_cache_salt
 from inference.errors import CompletionInputError, CompletionTimeoutError
-from inference.services import Completion, completion_generate
+from inference.services import Completion, CompletionRequest, completion_generate
 from inference.task_queue import TaskQueueUnavailable
 from town import events
 from town.actions import action_problem
@@ -153,38 +153,24 @@ def _decision_begin(*, decision_id: int, worker: str, send: int) -> Decision | N
     return decision
 
 
-def _lost_tokens(metrics: dict[str, Any]) -> dict[str, int]:
-    """The engine's lost-token counts by reason: its `num_lost_to_<reason>` fields (RequestMetrics),
-    and `lost_<reason>` keys or a `lost_tokens` dict from other servers."""
-    lost: dict[str, int] = {}
-    for key, value in metrics.items():
-        if key.startswith("num_lost_to_") and isinstance(value, (int, float)):
-            lost[key.removeprefix("num_lost_to_")] = int(value)
-        elif not key.startswith("lost"):
-            continue
-        elif isinstance(value, dict):
-            lost.update({str(k): int(v) for k, v in value.items()})
-        elif isinstance(value, (int, float)):
-            lost[key.removeprefix("lost_").removeprefix("tokens_") or key] = int(value)
-    return lost
-
-
 def _metric_fields(completion: Completion) -> dict[str, Any]:
+    """The Decision fields a completion fills: its output, its metrics in their own columns, and
+    all of them as reported (`metrics`, the JSON the admin and the API show)."""
     m = completion.metrics
     return {
         "raw_output": completion.text,
         "output_token_ids": list(completion.token_ids),
         "finish_reason": completion.finish_reason,
-        "num_prompt_tokens": m.get("num_prompt_tokens", completion.num_prompt_tokens),
-        "num_cached_tokens": m.get("num_cached_tokens"),
-        "num_output_tokens": m.get("num_output_tokens", len(completion.token_ids)),
-        "lost_tokens": _lost_tokens(m),
-        "queue_s": m.get("queue_s"),
-        "prefill_s": m.get("prefill_s"),
-        "decode_s": m.get("decode_s"),
-        "ttft_s": m.get("ttft_s"),
-        "engine_e2e_s": m.get("e2e_s"),
-        "metrics": dict(m),
+        "num_prompt_tokens": m.num_prompt_tokens,
+        "num_cached_tokens": m.num_cached_tokens,
+        "num_output_tokens": m.num_output_tokens,
+        "lost_tokens": dict(m.lost_tokens),
+        "queue_s": m.queue_s,
+        "prefill_s": m.prefill_s,
+        "decode_s": m.decode_s,
+        "ttft_s": m.ttft_s,
+        "engine_e2e_s": m.e2e_s,
+        "metrics": m.to_json(),
     }
 
 
@@ -248,7 +234,7 @@ def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bo
         return False
     run = decision.run
     try:
-        completion = completion_generate(
+        request = CompletionRequest(
             messages=decision.messages,
             json_schema=decision.json_schema,
             max_tokens=run.max_tokens,
@@ -256,8 +242,8 @@ def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bo
             seed=_decision_seed(decision),
             # Runs do not share cached prefixes, so each run's numbers are its own.
             cache_salt=decision_cache_salt(run),
-            timeout_s=_decision_time_left(decision),
         )
+        completion = completion_generate(request=request, timeout_s=_decision_time_left(decision))
     except CompletionInputError as exc:
         return _decision_answer(decision=decision, status=D.FAILED, error=f"engine refused: {exc}")
     except CompletionTimeoutError as exc:
