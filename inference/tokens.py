@@ -12,22 +12,22 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from inference.engine.tokenizer import Tokenizer
+    from inference.engine.loading.tokenizer import Tokenizer
 
 _lock = threading.Lock()
 
 
 @functools.cache
 def _tokenizer_for_file(path: str) -> Tokenizer:
-    from inference.engine.gguf_file import open_gguf, read_metadata
-    from inference.engine.tokenizer import Tokenizer
+    from inference.engine.loading.gguf_file import open_gguf, read_metadata
+    from inference.engine.loading.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))
 
 
 def tokenizer_for(model: str) -> Tokenizer:
     """`model`'s tokenizer (a bundled model name or a .gguf path); ValueError if unknown."""
-    from inference.engine.model_files import gguf_path_for
+    from inference.engine.loading.model_files import gguf_path_for
 
     path = str(gguf_path_for(model))
     with _lock:

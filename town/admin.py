@@ -27,8 +27,8 @@ from town.models import (
     Tick,
     Town,
 )
-from town.prompts import num_shared_messages
 from town.reports import run_chart_data, runs_compare
+from town.rules.prompts import num_shared_messages
 from town.selectors import run_summary
 
 

@@ -30,8 +30,8 @@ from django.db.models import Max
 
 from town.api.serializers import DecisionSerializer, RunSummarySerializer
 from town.models import Decision, Run, RunEvent, Tick
+from town.rules.world import World
 from town.selectors import run_clock, run_summary
-from town.world import World
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from django.db import transaction
 from django.db.models import Q
 
 from town.api.serializers import PlaceSerializer, ResidentSerializer, RunSerializer
-from town.clock import Clock
 from town.events import (
     DECISION_APPLIED,
     clock_data,
@@ -25,8 +24,9 @@ from town.events import (
     last_seq,
 )
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, RunEvent, Tick
+from town.rules.clock import Clock
+from town.rules.world import PlaceView
 from town.selectors import RunSummary, place_view, run_clock, run_summary
-from town.world import PlaceView
 
 NUM_FEED_EVENTS = 30
 NUM_DETAIL_MEMORIES = 8

@@ -89,7 +89,7 @@ class Resident(models.Model):
 
 
 class RunLayout(models.TextChoices):
-    """How a run's prompts are laid out for the prefix cache (town/prompts.py: LAYOUTS)."""
+    """How a run's prompts are laid out for the prefix cache (town/rules/prompts.py: LAYOUTS)."""
 
     NAIVE = "naive"
     SHARED_RULES = "shared_rules"

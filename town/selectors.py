@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from django.db.models import Q, QuerySet
 
-from town.clock import Clock, clock_at
-from town.diary import diary_lines
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, Tick
-from town.world import MenuItem, PlaceView, ResidentView, World
+from town.rules.clock import Clock, clock_at
+from town.rules.diary import diary_lines
+from town.rules.world import MenuItem, PlaceView, ResidentView, World
 
 NUM_MEMORIES_IN_PROMPT = 10
 

@@ -17,9 +17,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from inference.engine.model_files import known_model_names
-from inference.engine.retention import check_retention_interval
-from inference.engine.schema_limits import SchemaLimits
+from inference.engine.kv.retention import check_retention_interval
+from inference.engine.loading.model_files import known_model_names
+from inference.engine.structured_output.schema_limits import SchemaLimits
 
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")

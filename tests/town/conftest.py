@@ -22,9 +22,9 @@ def demo_town(db):
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from inference.engine.gguf_file import open_gguf, read_metadata
-    from inference.engine.model_files import gguf_path_for
-    from inference.engine.tokenizer import Tokenizer
+    from inference.engine.loading.gguf_file import open_gguf, read_metadata
+    from inference.engine.loading.model_files import gguf_path_for
+    from inference.engine.loading.tokenizer import Tokenizer
 
     path = gguf_path_for("smollm2-135m-instruct")
     return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))

@@ -8,11 +8,11 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 
-from town.actions import action_options, action_problem
-from town.clock import Clock, is_open_at
-from town.effects import action_apply, time_passes
-from town.schema import decision_schema
-from town.world import MenuItem, PlaceView, ResidentView, World
+from town.rules.actions import action_options, action_problem
+from town.rules.clock import Clock, is_open_at
+from town.rules.effects import action_apply, time_passes
+from town.rules.schema import decision_schema
+from town.rules.world import MenuItem, PlaceView, ResidentView, World
 
 HOME, CAFE, BAKERY, BAR = 1, 2, 3, 4
 

@@ -14,10 +14,10 @@ from inference.runtime import engine_get
 from inference.tokens import chat_token_counts
 from tests.town.factories import run_factory
 from town.demo import demo_town_create
-from town.diary import diary_lines
 from town.models import Decision, Run
-from town.prompts import num_shared_messages, prompt_build
 from town.reports import experiment_table
+from town.rules.diary import diary_lines
+from town.rules.prompts import num_shared_messages, prompt_build
 from town.selectors import run_summary, world_load
 from town.services.experiments import (
     TALK_STEPS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.town.factories import run_factory
-from town.prompts import LAYOUTS, prompt_build
+from town.rules.prompts import LAYOUTS, prompt_build
 from town.selectors import world_load
 
 

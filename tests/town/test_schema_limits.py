@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 
-from inference.engine.schema_limits import SchemaLimits, _quantifiers, _text_depth, check_schema
+from inference.engine.structured_output.schema_limits import (
+    SchemaLimits,
+    _quantifiers,
+    _text_depth,
+    check_schema,
+)
 from town.demo import MENUS, PLACES, RESIDENT_POOL
-from town.schema import REASON_PATTERN, decision_schema
+from town.rules.schema import REASON_PATTERN, decision_schema
 
 
 def _largest_decision_schema() -> dict:

@@ -9,7 +9,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from town.api.fields import DatabaseIntegerField, FiniteFloatField, IdField
-from town.clock import hours_label
 from town.models import (
     DECISION_METRIC_FIELDS,
     Decision,
@@ -20,7 +19,8 @@ from town.models import (
     Tick,
     Town,
 )
-from town.prompts import LAYOUTS
+from town.rules.clock import hours_label
+from town.rules.prompts import LAYOUTS
 from town.selectors import run_summaries, run_summary
 
 # Bounds on a run's settings: far above any sensible run, far below what breaks something.

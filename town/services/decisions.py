@@ -34,10 +34,10 @@ from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.services import Completion, CompletionRequest, completion_generate
 from inference.task_queue import TaskQueueUnavailable
 from town import events
-from town.actions import action_problem
-from town.effects import Note, action_apply
 from town.models import Decision
-from town.world import World
+from town.rules.actions import action_problem
+from town.rules.effects import Note, action_apply
+from town.rules.world import World
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from django.db import transaction
 
 from inference.runtime import engine_configured
 from inference.services import completion_head_unpin, completion_head_warm
-from town.diary import diary_lines
 from town.errors import TownError
 from town.models import Run, Tick, Town
-from town.prompts import num_shared_messages, prompt_build
+from town.rules.diary import diary_lines
+from town.rules.prompts import num_shared_messages, prompt_build
 from town.selectors import world_load
 from town.services.decisions import decision_cache_salt
 from town.services.runs import run_create, run_lease_release, run_start

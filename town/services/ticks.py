@@ -11,12 +11,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from town import events
-from town.effects import time_passes
 from town.models import Decision, Memory, ResidentState, Run, Tick
-from town.prompts import prompt_build
+from town.rules.effects import time_passes
+from town.rules.prompts import prompt_build
+from town.rules.world import World
 from town.selectors import tick_decisions, tick_open, world_load
 from town.services.decisions import decision_apply
-from town.world import World
 
 S = Run.Status
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from inference.engine.bench.results import RequestRecord, RunResult
 from inference.engine.bench.workload import Workload
-from inference.engine.model_files import TINY_RANDOM_MODELS, gguf_path_for
+from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
 
 
 class _TokenClock:

@@ -10,7 +10,7 @@ its torch reference:
 - reference: the torch references
 
 The kernel modules import triton; metadata and reference are plain torch, and the torch path
-(inference/engine/attention.py) never imports triton. On CPU the kernels run only under
+(inference/engine/attention/attention.py) never imports triton. On CPU the kernels run only under
 triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which is how the test
 suite checks them.
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 
 
 @dataclass(slots=True)

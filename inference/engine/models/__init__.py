@@ -16,17 +16,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from inference.engine.gguf_file import open_gguf, read_metadata, read_tensors
-from inference.engine.hf_checkpoint import (
+from inference.engine.loading.gguf_file import open_gguf, read_metadata, read_tensors
+from inference.engine.loading.hf_checkpoint import (
     HF_MODEL_TYPES,
     is_hf_checkpoint,
     read_hf_config,
     read_hf_tokenizer,
     read_hf_weights,
 )
-from inference.engine.model_files import TINY_RANDOM_MODELS, gguf_path_for
+from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
+from inference.engine.loading.tokenizer import Tokenizer
 from inference.engine.models import gemma3, llama
-from inference.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

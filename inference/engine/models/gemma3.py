@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.attention_backend import AttentionMetadata
+from inference.engine.attention.attention_backend import AttentionMetadata
 from inference.engine.models.llama import LlamaMLP, apply_rope
 
 LAYER_TYPES = ("full", "sliding")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.attention_backend import AttentionMetadata
+from inference.engine.attention.attention_backend import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)

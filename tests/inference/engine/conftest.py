@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from inference.engine.gguf_file import open_gguf, read_metadata
-from inference.engine.model_files import gguf_path_for
+from inference.engine.loading.gguf_file import open_gguf, read_metadata
+from inference.engine.loading.model_files import gguf_path_for
 
 
 @pytest.fixture(scope="session")

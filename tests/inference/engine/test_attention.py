@@ -5,14 +5,14 @@ import random
 import pytest
 import torch
 
-from inference.engine.attention import (
+from inference.engine.attention.attention import (
     _sdpa_with_lse,
     paged_attention,
     reference_attention,
     write_kv,
 )
-from inference.engine.attention_backend import GroupSpans, ScheduledSpan
-from inference.engine.torch_metadata import (
+from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.attention.torch_metadata import (
     TorchAttentionMetadata,
     TorchMetadataBuilder,
     plan_shared_prefix,
@@ -23,7 +23,7 @@ H, KVH, D, BLOCK = 6, 2, 8, 4
 
 
 def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkeypatch):
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     span = plan_span(0, 3, [5, 6, 7, 2, 9, 10], 22, BLOCK, torch.device("cpu"))
     # Blocks 5-7 → slots 20..32 in place; block 2 alone is gathered; 9-10 hold 6 cached slots.
     assert span.view_runs == [(20, 32)]
@@ -37,7 +37,7 @@ def test_plan_span_reads_consecutive_blocks_in_place_and_gathers_the_rest(monkey
 
 @pytest.mark.parametrize("seed", range(4))
 def test_paged_attention_matches_sdpa_over_the_gathered_context(monkeypatch, seed):
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     num_blocks = 40
@@ -85,7 +85,7 @@ def test_portable_lse_path_matches_the_cpu_flash_op():
 
 
 def test_shared_prefix_is_read_once_and_gives_the_same_result(monkeypatch):
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(5)
     k_cache = torch.randn(64 * BLOCK, KVH, D)
     v_cache = torch.randn_like(k_cache)
@@ -137,7 +137,7 @@ def _window_reference(q, k_all, v_all, q_positions, window, scale):
 def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
     """Decode and chunked-prefill spans; some list only the blocks from mid-sequence on (as a
     sliding layer's cache does), in random block order, some read in place."""
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     window = rng.choice([5, 8, 13])
@@ -205,7 +205,7 @@ def test_windowed_attention_matches_a_dense_window_mask(monkeypatch, seed):
 def test_windowed_attention_with_a_shared_decode_prefix(monkeypatch):
     """Decoding spans that share leading blocks (read once on full layers) still see exactly
     their window when the same metadata reaches a sliding layer."""
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     torch.manual_seed(0)
     window, shared_blocks = 10, [3, 4, 5]  # 12 shared positions, read in place
     k_cache, v_cache = torch.zeros(40 * BLOCK, KVH, D), torch.zeros(40 * BLOCK, KVH, D)
@@ -259,7 +259,7 @@ def test_plan_span_rejects_a_first_position_off_the_block_grid():
 
 
 def test_builder_reads_a_shared_head_once_unless_the_decode_windows_do(monkeypatch):
-    monkeypatch.setattr("inference.engine.torch_metadata.MIN_VIEW_SLOTS", 8)
+    monkeypatch.setattr("inference.engine.attention.torch_metadata.MIN_VIEW_SLOTS", 8)
     head = [3, 4, 5]  # three blocks both decoding sequences start with
     spans = [
         ScheduledSpan(0, 4, 0, [7, 8]),  # a prefill: never part of the shared head

@@ -1,7 +1,7 @@
 """Block pool: ref counts, LRU free order, the hash map and eviction."""
 
-from inference.engine.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
-from inference.engine.hashing import BlockHash
+from inference.engine.kv.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock
+from inference.engine.kv.hashing import BlockHash
 
 
 def h(n: int) -> BlockHash:

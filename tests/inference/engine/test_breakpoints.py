@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.breakpoints import chat_breakpoints
-from inference.engine.partial_blocks import BlockCopy
+from inference.engine.kv.breakpoints import chat_breakpoints
+from inference.engine.kv.partial_blocks import BlockCopy
 
 
 @pytest.mark.parametrize("bad", [[0], [-3], ["12"], [True], 5])

@@ -13,7 +13,7 @@ from inference.engine.config import (
     SchedulerConfig,
     StructuredOutputConfig,
 )
-from inference.engine.schema_limits import SchemaLimits
+from inference.engine.structured_output.schema_limits import SchemaLimits
 
 
 def test_flat_keywords_land_in_their_sub_configs_and_read_back_flat():

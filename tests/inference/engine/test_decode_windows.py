@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.attention import _flash_masked, reference_attention
-from inference.engine.decode_windows import decode_attention, plan_decode_batch, slot_runs
+from inference.engine.attention import decode_windows as decode_windows_module
+from inference.engine.attention.attention import _flash_masked, reference_attention
+from inference.engine.attention.decode_windows import decode_attention, plan_decode_batch, slot_runs
 from tests.inference.engine.helpers import random_tokens
 
 H, KVH, D, BLOCK = 6, 2, 8, 4
@@ -22,8 +23,8 @@ def test_slot_runs_join_consecutive_blocks_and_cut_the_last_one():
 
 
 def test_runs_close_together_share_one_window_and_far_ones_do_not(monkeypatch):
-    monkeypatch.setattr("inference.engine.decode_windows.MAX_GAP", 8)
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_WINDOW", 8)
+    monkeypatch.setattr(decode_windows_module, "MAX_GAP", 8)
+    monkeypatch.setattr(decode_windows_module, "MIN_WINDOW", 8)
     runs = [
         [(0, 16), (20, 24), (400, 402)],  # a head, a block 4 slots on, one far away
         [(0, 16), (28, 31)],  # the same head, its own block
@@ -43,8 +44,8 @@ def test_runs_close_together_share_one_window_and_far_ones_do_not(monkeypatch):
 
 
 def test_a_window_never_reads_more_unused_slots_than_used_ones(monkeypatch):
-    monkeypatch.setattr("inference.engine.decode_windows.MAX_GAP", 8)
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_WINDOW", 1)
+    monkeypatch.setattr(decode_windows_module, "MAX_GAP", 8)
+    monkeypatch.setattr(decode_windows_module, "MIN_WINDOW", 1)
     batch = plan_decode_batch([0], [0], [[(0, 4), (11, 15), (22, 26)]], CPU)
     # 4 used + 7 unused + 4 used; the next 7-slot gap would make 14 unused against 12 used.
     assert [(w.start, w.mask.shape[1]) for w in batch.windows] == [(0, 15), (22, 4)]
@@ -72,10 +73,16 @@ def test_decode_attention_matches_sdpa_over_each_context(monkeypatch, seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     # Small thresholds so that a small cache has several windows, gathered runs and slices.
-    monkeypatch.setattr("inference.engine.decode_windows.MAX_GAP", rng.choice([0, 8, 64]))
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_WINDOW", rng.choice([1, 8, 32]))
-    monkeypatch.setattr("inference.engine.decode_windows.SPLITS", rng.choice([1, 2, 3, 4]))
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_SPLIT_LEN", rng.choice([1, 16]))
+    monkeypatch.setattr(decode_windows_module, "MAX_GAP", rng.choice([0, 8, 64]))
+    monkeypatch.setattr(
+        "inference.engine.attention.decode_windows.MIN_WINDOW", rng.choice([1, 8, 32])
+    )
+    monkeypatch.setattr(
+        "inference.engine.attention.decode_windows.SPLITS", rng.choice([1, 2, 3, 4])
+    )
+    monkeypatch.setattr(
+        "inference.engine.attention.decode_windows.MIN_SPLIT_LEN", rng.choice([1, 16])
+    )
     num_blocks = 64
     k_cache = torch.randn(num_blocks * BLOCK, KVH, D)
     v_cache = torch.randn_like(k_cache)
@@ -94,8 +101,8 @@ def test_decode_attention_matches_sdpa_over_each_context(monkeypatch, seed):
 
 
 def test_a_window_read_at_the_end_of_the_cache_is_shifted_back_not_past_it(monkeypatch):
-    monkeypatch.setattr("inference.engine.decode_windows.SPLITS", 4)
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_SPLIT_LEN", 1)
+    monkeypatch.setattr(decode_windows_module, "SPLITS", 4)
+    monkeypatch.setattr(decode_windows_module, "MIN_SPLIT_LEN", 1)
     torch.manual_seed(1)
     k_cache, v_cache = torch.randn(40, KVH, D), torch.randn(40, KVH, D)
     batch = plan_decode_batch([0], [0], [[(31, 40)]], CPU)  # 9 slots, padded to 12
@@ -122,10 +129,10 @@ def test_engine_greedy_output_is_the_same_with_and_without_decode_windows(
     span_by_span = run(enable_decode_windows=False)
     assert run() == span_by_span
     # Every run its own window, slices of 3: the merges across windows and slices.
-    monkeypatch.setattr("inference.engine.decode_windows.MAX_GAP", 0)
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_WINDOW", 1)
-    monkeypatch.setattr("inference.engine.decode_windows.SPLITS", 3)
-    monkeypatch.setattr("inference.engine.decode_windows.MIN_SPLIT_LEN", 1)
+    monkeypatch.setattr(decode_windows_module, "MAX_GAP", 0)
+    monkeypatch.setattr(decode_windows_module, "MIN_WINDOW", 1)
+    monkeypatch.setattr(decode_windows_module, "SPLITS", 3)
+    monkeypatch.setattr(decode_windows_module, "MIN_SPLIT_LEN", 1)
     assert run() == span_by_span
 
 

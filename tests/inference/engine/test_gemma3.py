@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.gguf_file import open_gguf, read_metadata
-from inference.engine.model_files import gguf_path_for, known_model_names
+from inference.engine.attention.torch_metadata import TorchAttentionMetadata, plan_span
+from inference.engine.loading.gguf_file import open_gguf, read_metadata
+from inference.engine.loading.model_files import gguf_path_for, known_model_names
 from inference.engine.models import gemma3
 from inference.engine.models.gemma3 import Gemma3Config, _layer_types, gguf_names_to_hf
-from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
 
 
 @pytest.fixture(scope="module")

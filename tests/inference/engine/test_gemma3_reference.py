@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.model_files import gguf_path_for
-from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
+from inference.engine.attention.torch_metadata import TorchAttentionMetadata, plan_span
+from inference.engine.loading.model_files import gguf_path_for
 
 pytestmark = pytest.mark.real_model
 

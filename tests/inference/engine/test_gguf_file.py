@@ -5,7 +5,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from inference.engine.gguf_file import open_gguf, read_metadata, read_tensors
+from inference.engine.loading.gguf_file import open_gguf, read_metadata, read_tensors
 
 pytestmark = pytest.mark.real_model
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.cuda_graphs import graph_batch_sizes
+from inference.engine.runner.cuda_graphs import graph_batch_sizes
 
 gpu = pytest.mark.gpu
 

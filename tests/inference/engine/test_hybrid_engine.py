@@ -126,7 +126,7 @@ def test_running_sequence_holds_only_its_window_in_the_sliding_group(make_hybrid
 
 
 def test_retention_interval_on_a_model_without_sliding_layers_logs_a_note(caplog):
-    with caplog.at_level(logging.WARNING, logger="inference.engine.llm_engine"):
+    with caplog.at_level(logging.WARNING, logger="inference.engine.core.llm_engine"):
         engine = LLMEngine(
             EngineConfig(model="smollm2-tiny-random", num_kv_blocks=64, retention_interval=64)
         )

@@ -3,7 +3,7 @@ tensors (plain torch)."""
 
 import torch
 
-from inference.engine.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 from inference.engine.kernels.metadata import KernelMetadataBuilder, build_kernel_metadata
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.torch_metadata import TorchAttentionMetadata, plan_span
+from inference.engine.attention.torch_metadata import TorchAttentionMetadata, plan_span
 
 pytestmark = pytest.mark.real_model
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from inference.engine.partial_blocks import BlockCopy
+from inference.engine.kv.partial_blocks import BlockCopy
 
 
 def test_a_block_copy_reaches_every_layer_of_its_group_and_no_other(make_hybrid_engine):
@@ -36,7 +36,7 @@ def test_a_block_copy_reaches_every_layer_of_its_group_and_no_other(make_hybrid_
 
 def test_the_runner_and_both_metadata_builders_import_without_triton():
     code = (
-        "import sys, inference.engine.model_runner, inference.engine.kernels.metadata; "
+        "import sys, inference.engine.runner.model_runner, inference.engine.kernels.metadata; "
         "assert 'triton' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from inference.engine import LLMEngine, RequestError, SamplingParams
-from inference.engine import sampler as sampler_module
-from inference.engine.structured_output import GrammarState
+from inference.engine.runner import sampler as sampler_module
+from inference.engine.structured_output.structured_output import GrammarState
 
 SCHEMA = {
     "type": "object",

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from inference.engine import SamplingParams
-from inference.engine.schema_limits import SchemaLimits, check_schema
+from inference.engine.structured_output.schema_limits import SchemaLimits, check_schema
 
 
 def _nested_arrays(depth: int) -> dict:

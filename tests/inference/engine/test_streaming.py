@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from inference.engine import SamplingParams
-from inference.engine.detokenizer import IncrementalDetokenizer, stop_cut
+from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
 
 
 def _feed_one_by_one(tokenizer, token_ids, stop, final_text):

@@ -12,7 +12,7 @@ import jinja2
 import pytest
 from tokenizers.pre_tokenizers import ByteLevel
 
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.loading.tokenizer import Tokenizer
 
 # --- a tiny byte-level vocabulary ----------------------------------------------------------
 

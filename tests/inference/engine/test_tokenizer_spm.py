@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine import tokenizer_spm
-from inference.engine.gguf_file import open_gguf, read_metadata
-from inference.engine.model_files import gguf_path_for
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.loading import tokenizer_spm
+from inference.engine.loading.gguf_file import open_gguf, read_metadata
+from inference.engine.loading.model_files import gguf_path_for
+from inference.engine.loading.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real_model
 

@@ -8,7 +8,7 @@ from town import services
 from town.demo import DEMO_TOWN_NAME
 from town.errors import TownError
 from town.models import Town
-from town.prompts import LAYOUTS
+from town.rules.prompts import LAYOUTS
 
 
 def add_run_arguments(parser) -> None:

@@ -7,9 +7,9 @@ import random
 import torch
 
 from inference.engine import EngineConfig, LLMEngine
-from inference.engine.attention_backend import ScheduledSpan
-from inference.engine.cuda_graphs import DecodeGraphs
+from inference.engine.attention.attention_backend import ScheduledSpan
 from inference.engine.kernels.metadata import KernelAttentionMetadata, build_kernel_metadata
+from inference.engine.runner.cuda_graphs import DecodeGraphs
 
 BLOCK = 16
 

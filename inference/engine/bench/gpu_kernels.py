@@ -1,0 +1,178 @@
+"""The GPU benchmark, part 1: the kernels at real sizes on CUDA — checked against their torch
+references, then timed (triton's do_bench, median) against the bytes they must move and a
+measured device-to-device copy."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from triton.testing import do_bench
+
+from inference.engine.kernels.copy_slots import copy_slots, copy_slots_reference, cow_slots
+from inference.engine.kernels.decode_attention import decode_attention, decode_attention_reference
+from inference.engine.kernels.prefill_attention import (
+    prefill_attention,
+    prefill_attention_reference,
+)
+from inference.engine.kernels.store_kv import store_kv, store_kv_reference
+
+BLOCK_SIZE = 16
+TOLERANCE = dict(atol=3e-2, rtol=2e-2)  # bf16 against the fp32 reference
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTiming:
+    name: str
+    shape: str
+    ms: float
+    bytes_moved: int
+    flops: float | None
+    max_error: float | None  # against the reference; None when not checked
+    ok: bool
+
+    def gb_per_s(self) -> float:
+        return self.bytes_moved / self.ms / 1e6
+
+
+def copy_bandwidth_gb_per_s(device: torch.device, quick: bool) -> float:
+    """A plain device-to-device copy: the bandwidth the kernels are measured against."""
+    n = (256 if quick else 1024) << 20  # bytes per tensor
+    src = torch.empty(n // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * n / ms / 1e6  # read + write
+
+
+def _paged_cache(seq_lens, num_kv_heads, head_dim, device, gen):
+    blocks = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    order = torch.randperm(sum(blocks) + 8, generator=gen).tolist()
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
+    for b, n in enumerate(blocks):
+        tables[b, :n] = torch.tensor(order[sum(blocks[:b]) : sum(blocks[:b]) + n])
+    shape = ((sum(blocks) + 8) * BLOCK_SIZE, num_kv_heads, head_dim)
+    return _randn(shape, device), _randn(shape, device), tables.to(device)
+
+
+def _randn(shape, device) -> torch.Tensor:
+    """bf16 N(0, 1) drawn on the GPU (hundreds of MB: too slow to draw on the CPU)."""
+    return torch.empty(shape, dtype=torch.bfloat16, device=device).normal_()
+
+
+def _checked(name, shape, run, reference, ms_of, bytes_moved, flops=None) -> KernelTiming:
+    got = run()
+    want = reference()
+    error = (got.float() - want.float()).abs().max().item()
+    ok = bool(torch.isfinite(got).all()) and torch.allclose(got.float(), want.float(), **TOLERANCE)
+    return KernelTiming(name, shape, ms_of(run), bytes_moved, flops, error, ok)
+
+
+def decode_case(
+    name, num_seqs, context, heads, kv_heads, head_dim, window, device, gen, partition=512
+):
+    seq_lens = [context - random.Random(s).randrange(0, 64) for s in range(num_seqs)]
+    k, v, tables = _paged_cache(seq_lens, kv_heads, head_dim, device, gen)
+    q = _randn((num_seqs, heads, head_dim), device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    rows = torch.arange(num_seqs, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    args = (q, k, v, tables, lens, rows, BLOCK_SIZE, scale)
+    keys = sum(min(n, window or n) for n in seq_lens)
+    elem = 2
+    moved = 2 * keys * kv_heads * head_dim * elem + 2 * q.numel() * elem
+    return _checked(
+        name, f"{num_seqs}×{context} ctx, H{heads}/KV{kv_heads}/D{head_dim}, w={window}",
+        lambda: decode_attention(
+            *args, max_seq_len=max(seq_lens), window=window, partition_size=partition
+        ),
+        lambda: decode_attention_reference(*args, window=window),
+        _median_ms, moved, 4.0 * keys * heads * head_dim,
+    )  # fmt: skip
+
+
+def prefill_case(name, num_seqs, cached, new, heads, kv_heads, head_dim, window, device, gen):
+    seq_lens = [cached + new] * num_seqs
+    k, v, tables = _paged_cache(seq_lens, kv_heads, head_dim, device, gen)
+    q = _randn((num_seqs * new, heads, head_dim), device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    starts = torch.arange(0, num_seqs * new, new, dtype=torch.int32, device=device)
+    qlens = torch.full((num_seqs,), new, dtype=torch.int32, device=device)
+    args = (q, k, v, tables, lens, starts, qlens, BLOCK_SIZE, head_dim**-0.5)
+    visible = sum(min(cached + i + 1, window or 10**9) for i in range(new)) * num_seqs
+    moved = 2 * (cached + new) * num_seqs * kv_heads * head_dim * 2 + 2 * q.numel() * 2
+    shape = f"{num_seqs}×({cached} cached + {new} new), H{heads}/KV{kv_heads}/D{head_dim}"
+    return _checked(
+        name, f"{shape}, w={window}",
+        lambda: prefill_attention(*args, max_query_len=new, window=window),
+        lambda: prefill_attention_reference(*args, window=window),
+        _median_ms, moved, 4.0 * visible * heads * head_dim,
+    )  # fmt: skip
+
+
+def store_kv_case(num_tokens, kv_heads, head_dim, device, gen) -> KernelTiming:
+    num_slots = 4 * num_tokens
+    k, v = (
+        _randn((num_tokens, kv_heads, head_dim), device),
+        _randn((num_tokens, kv_heads, head_dim), device),
+    )
+    slots = torch.randperm(num_slots, generator=gen)[:num_tokens].to(device)
+    caches = [torch.zeros(num_slots, kv_heads, head_dim, dtype=torch.bfloat16, device=device)]
+    caches.append(torch.zeros_like(caches[0]))
+    expected = [c.clone() for c in caches]
+    store_kv(k, v, *caches, slots)
+    store_kv_reference(k, v, *expected, slots)
+    ok = all(torch.equal(a, b) for a, b in zip(caches, expected, strict=True))
+    ms = _median_ms(lambda: store_kv(k, v, *caches, slots))
+    moved = 2 * 2 * k.numel() * 2  # K and V, read and written
+    return KernelTiming("store_kv", f"{num_tokens} tokens × KV{kv_heads}/D{head_dim}", ms, moved,
+                        None, 0.0 if ok else None, ok)  # fmt: skip
+
+
+def copy_slots_cases(num_layers, kv_heads, head_dim, device, gen) -> list[KernelTiming]:
+    """Copy-on-write of 8 blocks (kernel vs torch ops): which one the engine should use."""
+    cache = _randn((2 * num_layers, 1024 * BLOCK_SIZE, kv_heads, head_dim), device)
+    blocks = torch.randperm(1024, generator=gen)[:16].tolist()
+    src, dst = cow_slots([(blocks[i], blocks[i + 8], BLOCK_SIZE) for i in range(8)], BLOCK_SIZE,
+                         device)  # fmt: skip
+    expected = cache.clone()
+    copy_slots_reference(expected, src, dst)
+    copy_slots(cache, src, dst, use_kernel=True)
+    ok = torch.equal(cache, expected)
+    moved = 2 * cache.shape[0] * src.numel() * kv_heads * head_dim * 2
+    shape = f"8 blocks × {2 * num_layers} caches"
+    return [
+        KernelTiming("copy_slots kernel", shape,
+                     _median_ms(lambda: copy_slots(cache, src, dst, use_kernel=True)), moved,
+                     None, 0.0 if ok else None, ok),
+        KernelTiming("copy_slots torch ops", shape,
+                     _median_ms(lambda: copy_slots(cache, src, dst, use_kernel=False)), moved,
+                     None, None, True),
+    ]  # fmt: skip
+
+
+def _median_ms(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run_kernel_benchmarks(device: torch.device, quick: bool) -> list[KernelTiming]:
+    torch.manual_seed(0)  # the GPU's draws
+    gen = torch.Generator().manual_seed(0)  # block orders, on the CPU
+    context = 1024 if quick else 4096
+    results = [
+        # SmolLM2-135M: 9 heads over 3 kv heads of 64; the issue's target size.
+        decode_case("decode", 64, context, 9, 3, 64, None, device, gen),
+        decode_case("decode", 16, context, 9, 3, 64, None, device, gen),
+        # Gemma 3 270M's sliding layers: 4 heads over 1 kv head of 256, window 512.
+        decode_case("decode (window)", 64, context, 4, 1, 256, 512, device, gen),
+        prefill_case("prefill", 4, 1024 if quick else 2048, 512 if quick else 2048, 9, 3, 64,
+                     None, device, gen),
+        prefill_case("prefill (window)", 4, 1024, 1024, 4, 1, 256, 512, device, gen),
+        store_kv_case(8192, 3, 64, device, gen),
+    ]  # fmt: skip
+    if not quick:  # the split-K partition size, for tuning the launcher's default (512)
+        results += [
+            decode_case(f"decode (partition {p})", 64, context, 9, 3, 64, None, device, gen, p)
+            for p in (256, 1024)
+        ]
+    return results + copy_slots_cases(30, 3, 64, device, gen)

@@ -1,0 +1,493 @@
+"""LLMEngine: the public front. `generate` is thread-safe; one loop thread runs the steps.
+
+A step is three lines — schedule, execute, `scheduler.update_from_output` — as in nano-vllm and
+vLLM's core. Requests from every caller thread meet in the same scheduler, so concurrent
+decisions are batched together.
+
+A caller that gives up (generate's `timeout`, a stream closed early, `abort`) has its request
+finished as aborted between two steps: its KV blocks are freed and its future raises
+RequestAbortedError; the other requests go on untouched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inference.engine.config import EngineConfig
+from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
+from inference.engine.core.metrics import EngineStats, RequestMetrics
+from inference.engine.core.request import Request, RequestStatus
+from inference.engine.core.request_errors import request_failed
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.scheduler import Scheduler
+from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
+from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
+from inference.engine.models import load_model
+from inference.engine.runner.model_runner import ModelRunner, layer_types_of
+from inference.engine.structured_output.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+class RequestAbortedError(RuntimeError):
+    """The request was aborted before it finished (its caller gave up: see LLMEngine.abort)."""
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """What a streamed request added since the last delta; `output` is set on the last one."""
+
+    text: str  # safe to show: no half character, no part of a stop string
+    token_ids: list[int] = field(default_factory=list)
+    output: RequestOutput | None = None
+    request_id: str = ""  # for LLMEngine.abort
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        cache, scheduling, running = config.cache, config.scheduler, config.runner
+        grammars = config.structured_output
+        if running.num_threads:
+            torch.set_num_threads(running.num_threads)
+        self.device = torch.device(config.device)
+        loaded = load_model(config.model, self.device, config.seed)
+        self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
+        self.max_model_len = min(
+            scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
+        )
+        dtype = getattr(torch, running.dtype)
+        # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
+        bytes_per_block = cache.block_size * loaded.config.kv_bytes_per_token
+        bytes_per_block = bytes_per_block * dtype.itemsize // 4
+        self.num_blocks = cache.num_kv_blocks or cache.kv_cache_memory_bytes // bytes_per_block
+        if self.num_blocks < 2:
+            raise ValueError(
+                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} holds fewer than 2 blocks "
+                f"of {bytes_per_block} bytes; raise it"
+            )
+        self.kv_cache_manager = KVCacheManager(
+            self.num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            loaded.fingerprint,
+            sliding_window=self._sliding_window(loaded.config),
+            retention_interval=cache.retention_interval,
+            exact_reuse=cache.enable_partial_block_reuse,
+            junction_checkpoints=cache.enable_junction_checkpoints,
+        )
+        self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
+        # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
+        num_sliding_layers = layer_types_of(loaded.config).count("sliding")
+        self.sliding_block_bytes = (
+            bytes_per_block * num_sliding_layers // len(layer_types_of(loaded.config))
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache_manager,
+            scheduling.max_num_seqs,
+            scheduling.max_num_batched_tokens,
+            # A full-attention model already shares a head computed in the same step (blocks are
+            # registered when allocated and each layer writes before it reads); holding requests
+            # back would only add a step. A sliding-window model needs the checkpoint.
+            enable_shared_prefill=scheduling.enable_shared_prefill
+            and cache.enable_prefix_caching
+            and self.kv_cache_manager.sliding is not None,
+            tokenizer=self.tokenizer,
+            max_model_len=self.max_model_len,
+            enable_jump_forward=scheduling.enable_jump_forward,
+        )
+        self.structured = StructuredOutputManager(
+            self.tokenizer,
+            loaded.config.vocab_size,
+            limits=grammars.schema_limits,
+            compile_timeout_s=grammars.grammar_compile_timeout_s,
+            max_compile_workers=grammars.grammar_compile_workers,
+            cache_bytes=grammars.grammar_cache_bytes,
+        )
+        self.runner = ModelRunner(
+            loaded,
+            self.num_blocks,
+            cache.block_size,
+            self.device,
+            self.structured,
+            dtype=dtype,
+            use_kernels=running.attention_backend == "triton",
+            cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
+            max_num_seqs=scheduling.max_num_seqs,
+            decode_windows=running.enable_decode_windows,
+        )
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._lock = threading.Condition()
+        self._inbox: list[tuple[Request, Future]] = []
+        self._futures: dict[str, Future] = {}
+        self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
+        self._num_steps = 0
+        self._shutdown = False
+        self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
+        self._loop.start()
+
+    # ---- the public front -------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (blocking); safe to call from many threads at once.
+        Past `timeout` seconds (counted once the requests are built and queued) the requests
+        still running are aborted and TimeoutError is raised."""
+        params = params or SamplingParams()
+        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        requests = [self._make_request(prompt, params) for prompt in batch]
+        futures = self._submit(requests)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return [future.result(_left(deadline)) for future in futures]
+        except TimeoutError:
+            self._abort_all(requests, f"not finished within {timeout:g} s")
+            raise TimeoutError(
+                f"the completion did not finish within {timeout:g} s; it was aborted and its "
+                "KV blocks freed"
+            ) from None
+        except BaseException:  # the caller's thread is interrupted: nobody will read these
+            self._abort_all(requests, "its caller stopped waiting")
+            raise
+
+    def generate_stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, timeout: float | None = None
+    ) -> Iterator[StreamDelta]:
+        """Run one prompt, yielding its text as tokens are sampled (blocking, in the caller's
+        thread; thread-safe like `generate`). The deltas add up to the final text, which the
+        last delta's `output` carries. The request is batched with everything else in flight.
+        Closing the generator early (or an exception in the consumer's loop, once the generator
+        is closed) aborts the request; past `timeout` seconds it is aborted and TimeoutError
+        is raised."""
+        params = params or SamplingParams()
+        request = self._make_request(prompt, params)
+        sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        request.on_token = sampled.put
+        (future,) = self._submit([request])
+        # Runs after the last on_token on the loop thread (or at once if already done).
+        future.add_done_callback(lambda _: sampled.put(None))
+        detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop_list)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while (token := _next_token(sampled, deadline, timeout)) is not None:
+                token_ids = [token]
+                while not sampled.empty():  # take what piled up, decode once
+                    if (more := sampled.get()) is None:
+                        sampled.put(None)
+                        break
+                    token_ids.append(more)
+                text = detokenizer.add(token_ids)
+                if text:
+                    yield StreamDelta(text, token_ids, request_id=request.request_id)
+            output = future.result()  # raises what failed the request
+            text = detokenizer.finish(output.text)
+            yield StreamDelta(text, output=output, request_id=request.request_id)
+        finally:
+            if not future.done():  # closed early, timed out, or the consumer failed
+                self.abort(request.request_id, "its stream was closed before the end")
+
+    def _submit(self, requests: list[Request]) -> list[Future]:
+        futures = [Future() for _ in requests]
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("engine is shut down")
+            self._inbox.extend(zip(requests, futures, strict=True))
+            self._lock.notify()
+        return futures
+
+    def abort(self, request_id: str, reason: str = "aborted by its caller") -> None:
+        """Finish a request as aborted before the next step: its KV blocks are freed and its
+        future raises RequestAbortedError. Thread-safe; a finished or unknown id is ignored."""
+        with self._lock:
+            self._aborts[request_id] = reason
+            self._lock.notify()
+
+    def _abort_all(self, requests: list[Request], reason: str) -> None:
+        for request in requests:
+            self.abort(request.request_id, reason)
+
+    def _apply_aborts(self) -> None:
+        """(loop thread, lock held, between steps) Finish the requests `abort` was asked for."""
+        if not self._aborts:
+            return
+        aborts, self._aborts = self._aborts, {}
+        for request in self.scheduler.finish_requests(aborts, RequestStatus.FINISHED_ABORTED):
+            request.error = RequestAbortedError(
+                f"request {request.request_id} was aborted ({aborts[request.request_id]}); "
+                "its KV blocks are freed"
+            )
+            self._deliver(request, self._futures.pop(request.request_id))
+
+    def stats(self) -> EngineStats:
+        """A snapshot assembled from the components' own (scheduler, KV cache, pinned heads)."""
+        with self._lock:
+            scheduler = self.scheduler.make_stats()
+            cache = self.kv_cache_manager.make_stats()
+            return EngineStats(
+                prefix_cache_queries=cache.prefix_cache_queries,
+                prefix_cache_hits=cache.prefix_cache_hits,
+                kv_cache_usage=cache.usage,
+                num_running=scheduler.num_running,
+                num_waiting=scheduler.num_waiting + len(self._inbox),
+                num_preemptions=scheduler.num_preemptions,
+                num_steps=self._num_steps,
+                num_forced_tokens=scheduler.num_forced_tokens,
+                num_lost_to_retention=cache.num_lost_to_retention,
+                num_lost_to_alignment=cache.num_lost_to_alignment,
+                num_lost_to_eviction=cache.num_lost_to_eviction,
+                num_cold_tokens=cache.num_cold_tokens,
+                num_checkpoints=cache.num_checkpoints,
+                num_checkpoint_blocks=cache.num_checkpoint_blocks,
+                checkpoint_memory_bytes=cache.num_checkpoint_blocks * self.sliding_block_bytes,
+                num_prefill_tokens=scheduler.num_prefill_tokens,
+                reuse_sources=scheduler.reuse_sources,
+                num_junction_checkpoints=cache.num_junction_checkpoints,
+                num_partial_block_copies=cache.num_partial_block_copies,
+                num_pinned_blocks=self.pinned.num_pinned_blocks(),
+            )
+
+    @property
+    def has_sliding_window_layers(self) -> bool:
+        """Whether some layers attend over a window (then the retention interval matters)."""
+        return "sliding" in getattr(self.model_config, "layer_types", ())
+
+    def warm(
+        self, prompt_head: Prompt, pin: bool = True, cache_salt: str | None = None
+    ) -> PinnedHead:
+        """Compute a prompt head (text, token ids, or chat messages: rendered without a
+        generation prompt) so later prompts starting with it resume at its very end; with
+        `pin`, keep it cached until `unpin(handle)`. Thread-safe like generate."""
+        if not self.config.cache.enable_prefix_caching:
+            raise ValueError("warm() needs enable_prefix_caching=True: nothing would be kept")
+        token_ids = self._tokenize(prompt_head, add_generation_prompt=False)
+        if pin:
+            with self._lock:
+                self.pinned.check_room(len(token_ids))
+        # One token: the head's unfilled last block is cached as a partial tail when it ends.
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            ignore_eos=True,
+            cache_salt=cache_salt,
+            cache_breakpoints=[len(token_ids)],
+        )
+        self.generate([token_ids], params)
+        with self._lock:
+            if not pin:
+                return PinnedHead(0, len(token_ids), len(token_ids), "")
+            return self.pinned.pin(token_ids, cache_salt)
+
+    def unpin(self, handle: PinnedHead | int) -> None:
+        """Let a warmed head's blocks be evicted again (ValueError for an unknown handle)."""
+        with self._lock:
+            self.pinned.unpin(handle)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._shutdown = True
+            self._lock.notify()
+        self._loop.join(timeout=30)
+        self.structured.close()
+
+    def _sliding_window(self, model_config) -> int | None:
+        """The window of the model's sliding layers (None: it has none, the retention interval
+        changes nothing and we say so)."""
+        layer_types = layer_types_of(model_config)
+        if "sliding" not in layer_types:
+            if self.config.cache.retention_interval is not None:
+                logger.warning(
+                    "retention_interval=%s changes nothing: model %s has no sliding-window "
+                    "layers (every layer keeps all its KV, so every cached block is reusable)",
+                    self.config.cache.retention_interval,
+                    self.config.model,
+                )
+            return None
+        if "full" not in layer_types:
+            raise ValueError(
+                f"model {self.config.model} has only sliding-window layers; the engine needs "
+                "at least one full-attention layer to chain its prefix cache"
+            )
+        return int(model_config.sliding_window)
+
+    # ---- building requests (caller's thread) --------------------------------------------
+
+    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+        token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
+        is_chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+        if is_chat and self.config.cache.enable_chat_breakpoints:
+            marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
+            breakpoints = sorted({*breakpoints, *marked})
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens; the model's context is {self.max_model_len} "
+                "(prompt plus at least one output token): shorten the prompt"
+            )
+        vocab = self.structured.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        max_len = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        needed_blocks = -(-max_len // self.config.cache.block_size)
+        if needed_blocks > self.num_blocks:
+            raise ValueError(
+                f"prompt plus max_tokens needs {needed_blocks} KV blocks but the cache holds "
+                f"{self.num_blocks}: raise kv_cache_memory_bytes or lower max_tokens"
+            )
+        schema = params.json_schema_text()
+        grammar = self.structured.grammar_for(schema) if schema is not None else None
+        seed = params.seed
+        if seed is None and not params.is_greedy:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return Request(
+            request_id=str(next(self._ids)),
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            grammar=grammar,
+            generator=generator,
+            cache_breakpoints=breakpoints,
+        )
+
+    def _tokenize(self, prompt: Prompt, add_generation_prompt: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt)
+        raise ValueError(
+            "a prompt must be a string, a list of token ids, or a list of chat messages "
+            '[{"role": ..., "content": ...}]'
+        )
+
+    # ---- the loop (engine thread) -------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._lock:
+                while (
+                    not self._shutdown and not self._inbox and not self.scheduler.has_unfinished()
+                ):
+                    self._lock.wait()
+                if self._shutdown:
+                    self._fail_all(RuntimeError("engine shut down"))
+                    return
+                for request, future in self._inbox:
+                    self._futures[request.request_id] = future
+                    self.scheduler.add_request(request)
+                self._inbox.clear()
+                self._apply_aborts()
+            try:
+                finished = self.step()
+            except Exception as exc:  # a bug must not hang every caller
+                logger.exception("engine step failed; failing the requests in flight")
+                with self._lock:
+                    self._fail_all(exc)
+                continue
+            for request in finished:
+                self._deliver(request, self._futures.pop(request.request_id))
+
+    def _deliver(self, request: Request, future: Future) -> None:
+        """A finished request's output to its caller, or the error that failed it alone."""
+        if request.error is None:
+            try:
+                future.set_result(self._output(request))
+                return
+            except Exception as exc:  # detokenizing this request's tokens
+                request.error = request_failed(request.request_id, exc)
+        future.set_exception(request.error)
+
+    def step(self) -> list[Request]:
+        """One engine step: schedule, execute, update from its output. Returns the requests
+        that finished."""
+        with self._lock:
+            scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        try:
+            sampled = self.runner.execute(scheduler_output)
+        except Exception as exc:  # the model itself: no one request to blame
+            logger.exception("engine step failed; failing the requests it ran")
+            with self._lock:
+                return self.scheduler.fail_step(scheduler_output, exc)
+        with self._lock:
+            self._num_steps += 1
+            return self.scheduler.update_from_output(scheduler_output, sampled)
+
+    def _output(self, request: Request) -> RequestOutput:
+        text, _ = stop_cut(
+            self.tokenizer.decode(request.output_token_ids), request.sampling_params.stop_list
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids),
+            text=text,
+            finish_reason=request.status.value,
+            metrics=request.metrics(),
+        )
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        for future in self._futures.values():
+            future.set_exception(exc)
+        self._futures.clear()
+        for _, future in self._inbox:
+            future.set_exception(exc)
+        self._inbox.clear()
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _next_token(
+    sampled: queue.SimpleQueue[int | None], deadline: float | None, timeout: float | None
+) -> int | None:
+    try:
+        return sampled.get(timeout=_left(deadline))
+    except queue.Empty:
+        raise TimeoutError(
+            f"the completion did not finish within {timeout:g} s; it was aborted and its KV "
+            "blocks freed"
+        ) from None
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    if isinstance(prompts, str):
+        return True
+    return isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (int, dict))

@@ -1,0 +1,287 @@
+"""Scheduler: continuous batching under a token budget, chunked prefill, preemption; and what
+a step's sampled tokens do to its requests (`update_from_output`: append, grammar, stop,
+jump-forward, finish), as nano-vllm's postprocess and vLLM's update_from_output.
+
+Each step it first tops up the running requests (one token for those decoding, a chunk for
+those still prefilling), preempting the newest running request by recompute when the pool
+is full, then admits waiting requests while budget and blocks allow.
+
+One prefill per shared head: a waiting request that shares an uncached head with a request
+ahead of it (see shared_prefill) is held back until that leader has computed the head (and,
+on a hybrid model, kept a checkpoint where the head ends); requests behind it are still
+admitted, so batching continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from inference.engine.core.metrics import SchedulerStats
+from inference.engine.core.request import Request, RequestStatus
+from inference.engine.core.request_errors import RequestError, request_failed
+from inference.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.kv.shared_prefill import find_followers
+
+if TYPE_CHECKING:
+    from inference.engine.loading.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_shared_prefill: bool = False,
+        *,
+        tokenizer: Tokenizer | None = None,
+        max_model_len: int | None = None,
+        enable_jump_forward: bool = False,
+    ) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        self.enable_shared_prefill = enable_shared_prefill
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # For the stop checks: the tokens that end a turn, and the text stop strings are found
+        # in (None: no stop tokens, and a request with stop strings cannot be checked).
+        self.tokenizer = tokenizer
+        self.stop_token_ids = tokenizer.stop_token_ids if tokenizer is not None else frozenset()
+        self.max_model_len = max_model_len if max_model_len is not None else sys.maxsize
+        self.enable_jump_forward = enable_jump_forward
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.num_prefill_tokens = 0
+        self.num_forced_tokens = 0
+        self.reuse_sources: dict[str, int] = {}
+        # Request id → where it keeps its window state while it prefills (hybrid models),
+        # handed to every allocation: junctions its lookup found, and shared heads that
+        # requests waiting on it resume from. Kept across preemption; dropped when finished.
+        self.junctions: dict[str, list[int]] = {}
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        now = time.monotonic()
+        manager = self.kv_cache_manager
+        manager.new_step()
+        held = self._followers() if self.enable_shared_prefill else set()
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            junctions = self.junctions.get(request.request_id, ())
+            while True:
+                new_blocks = manager.allocate_slots(request, num_new, junctions=junctions)
+                if new_blocks is not None:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim)
+                output.preempted_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            output.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+            index += 1
+
+        for request in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs or output.preempted_ids:
+                break  # out of budget or seats; or memory is short this step: admit no more
+            if request.request_id in held:
+                continue  # its head is being computed by a request ahead of it
+            hit, num_hit_tokens = manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if hit.junction:  # kept while it prefills past it
+                self._add_junction(request, hit.junction)
+            junctions = self.junctions.get(request.request_id, ())
+            if manager.allocate_slots(request, num_new, hit, junctions) is None:
+                break
+            self.waiting.remove(request)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+                request.reuse = hit.reuse
+                self.reuse_sources[request.reuse_source] = (
+                    self.reuse_sources.get(request.reuse_source, 0) + 1
+                )
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            output.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+        output.block_copies = manager.take_copies()
+        self.num_prefill_tokens += output.num_prefill_tokens
+        return output
+
+    def _followers(self) -> set[str]:
+        """Waiting requests to hold this step; their leaders keep a checkpoint at the shared
+        point (a junction), so the followers resume there once it is computed."""
+        candidates = list(self.waiting)[: 4 * self.max_num_seqs]
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        followers = find_followers(
+            prefilling, candidates, self.kv_cache_manager.block_size, self.junctions
+        )
+        for leader, shared in followers.values():
+            self._add_junction(leader, shared)
+        return set(followers)
+
+    def _add_junction(self, request: Request, position: int) -> None:
+        junctions = self.junctions.setdefault(request.request_id, [])
+        if position not in junctions:
+            junctions.append(position)
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        manager = self.kv_cache_manager
+        return ScheduledRequest(
+            request,
+            num_new,
+            manager.get_block_ids(request.request_id),
+            manager.get_window_block_ids(request.request_id),
+        )
+
+    # ---- a step's result ----------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled: dict[str, int | RequestError]
+    ) -> list[Request]:
+        """Advance the step's requests by what it computed and sampled; returns the requests
+        that finished. A failure on one request's path (its sampling, grammar, stop check)
+        finishes that request alone with a RequestError; the others go on."""
+        finished = []
+        now = time.monotonic()
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            request.num_computed_tokens += scheduled.num_new_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            try:
+                status = self._advance(request, token, now)
+            except Exception as exc:  # this request's grammar, stop check or a bug on its path
+                logger.exception("request %s failed; the others go on", request.request_id)
+                request.error = request_failed(request.request_id, exc)
+                status = RequestStatus.FINISHED_ABORTED
+            if status is not None:
+                self.finish(request, status)
+                finished.append(request)
+        return finished
+
+    def fail_step(self, scheduler_output: SchedulerOutput, exc: Exception) -> list[Request]:
+        """The model step failed: finish the requests it ran with its error (those that only
+        waited go on), and forget their blocks' registrations: their K/V was never written."""
+        failed = []
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            self.kv_cache_manager.forget_uncomputed(request)
+            request.error = RequestError(
+                f"the engine step running request {request.request_id} failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            self.finish(request, RequestStatus.FINISHED_ABORTED)
+            failed.append(request)
+        return failed
+
+    def _advance(self, request: Request, token: int | RequestError, now: float):
+        """Append a sampled token (and what the grammar forces after it); the status to finish
+        with, or None while the request goes on."""
+        if isinstance(token, RequestError):
+            raise token
+        request.append_output_token(token, now)
+        if request.grammar is not None:
+            request.grammar.accept(token)
+        status = self.check_stop(request, token)
+        if status is None and request.grammar is not None and self.enable_jump_forward:
+            status = self._jump_forward(request, now)
+        return status
+
+    def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
+        """Append the tokens the grammar forces now; the next step computes their K/V together
+        with sampling the token after them, so they cost no step of their own."""
+        room = min(
+            request.sampling_params.max_tokens - len(request.output_token_ids),
+            self.max_model_len - request.num_tokens,
+        )
+        status = None
+        for token in request.grammar.accept_forced(room):
+            request.append_output_token(token, now)
+            request.num_forced_tokens += 1
+            self.num_forced_tokens += 1
+            status = self.check_stop(request, token)
+            if status is not None:
+                break
+        return status
+
+    def check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        """The status to finish with after `token` was appended, or None to go on."""
+        params = request.sampling_params
+        if not params.ignore_eos and token in self.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if request.grammar is not None and request.grammar.is_terminated:
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop_list:
+            text = self.tokenizer.decode(request.output_token_ids)
+            if any(stop in text for stop in params.stop_list):
+                return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # ---- finishing -----------------------------------------------------------------------
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv_cache_manager.free(request)
+        self.junctions.pop(request.request_id, None)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Finish the running or waiting requests with these ids (others are ignored); returns
+        them, in running-then-waiting order."""
+        ids = set(request_ids)
+        found = [r for r in [*self.running, *self.waiting] if r.request_id in ids]
+        for request in found:
+            self.finish(request, status)
+        return found
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the queues and counters (counted since start, not reset)."""
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_preemptions=self.num_preemptions,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_forced_tokens=self.num_forced_tokens,
+            reuse_sources=dict(self.reuse_sources),
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Free everything and start over later; the tokens so far are kept and recomputed."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)

@@ -1,0 +1,140 @@
+"""JSON-schema constrained decoding with xgrammar: a compiler per engine, a matcher per request.
+
+Each step, every constrained request fills its row of a token bitmask, the bitmask is applied
+to the logits (disallowed tokens → -inf), and the sampled token is fed back to the matcher.
+After it, the tokens the grammar forces (keys, punctuation, the rest of an enum value once its
+start is chosen) can be appended at once (jump-forward): they need no model step of their own,
+only their K/V, computed with the next step's token.
+
+A schema is checked against SchemaLimits (schema_limits) and compiled once, by GrammarCache
+(grammar_compiler), outside any engine-wide lock: in a thread of this process whose caller waits
+at most the compile deadline, or (max_compile_workers > 0) in worker processes killed past it.
+"""
+
+from __future__ import annotations
+
+import torch
+import xgrammar as xgr
+
+from inference.engine.core.request_errors import RequestError
+from inference.engine.loading.tokenizer import Tokenizer
+from inference.engine.structured_output.grammar_compiler import (
+    GrammarCache,
+    compile_in_thread,
+    shared_pools,
+)
+from inference.engine.structured_output.schema_limits import SchemaLimits, check_schema
+
+_VOCAB_TYPES = {
+    "byte_level": xgr.VocabType.BYTE_LEVEL,
+    "byte_fallback": xgr.VocabType.BYTE_FALLBACK,  # SentencePiece: "▁" spaces, <0xNN> bytes
+    "raw": xgr.VocabType.RAW,
+}
+
+
+class GrammarState:
+    """One request's position in its grammar."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self.matcher = xgr.GrammarMatcher(compiled)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        accepted = self.matcher.accept_token(token_id)
+        assert accepted, f"sampled token {token_id} was masked out by the grammar"
+
+    def accept_forced(self, limit: int) -> list[int]:
+        """The tokens the grammar forces next (at most `limit`), accepted; [] when none."""
+        if limit < 1:
+            return []
+        forced = self.matcher.find_jump_forward_tokens()[:limit]
+        for token_id in forced:
+            accepted = self.matcher.accept_token(token_id)
+            assert accepted, f"jump-forward token {token_id} was refused by the grammar"
+        return forced
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        model_vocab_size: int,
+        *,
+        limits: SchemaLimits | None = None,
+        compile_timeout_s: float = 20.0,
+        max_compile_workers: int = 0,
+        cache_bytes: int = 256 << 20,
+    ) -> None:
+        self.vocab_size = model_vocab_size
+        self._info = xgr.TokenizerInfo(
+            tokenizer.vocab,
+            _VOCAB_TYPES[tokenizer.vocab_type],
+            vocab_size=model_vocab_size,
+            stop_token_ids=sorted(tokenizer.stop_token_ids),
+        )
+        self.limits = limits or SchemaLimits()
+        self.compile_timeout_s = compile_timeout_s
+        self._pool = None
+        self._compiler = None
+        if max_compile_workers > 0:
+            self._pool = shared_pools.acquire(
+                self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
+            )
+        else:
+            self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
+        self.cache = GrammarCache(self._compile, cache_bytes)
+        self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
+
+    def grammar_for(self, schema_text: str) -> GrammarState:
+        """A matcher for the schema, compiled (or taken from the cache) in the caller's thread;
+        ValueError for a schema over the limits, invalid, or past the compile deadline."""
+        check_schema(schema_text, self.limits)
+        return GrammarState(self.cache.get(schema_text))
+
+    def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
+        if self._pool is not None:
+            compiled = self._pool.compile(schema_text)
+            return xgr.CompiledGrammar.deserialize_json(compiled, self._info)
+        return compile_in_thread(self._compiler, schema_text, self.compile_timeout_s)
+
+    def start_workers(self, num_workers: int = 1) -> None:
+        """Start compile workers now (seconds each: they import xgrammar), so that the first
+        schemas do not wait for one. Nothing to start when compiling in this process."""
+        if self._pool is not None and num_workers > 0:
+            self._pool.start(num_workers)
+
+    def close(self) -> None:
+        """Release the compile workers (the engine shuts down; the last engine of this
+        tokenizer stops them)."""
+        if self._pool is not None:
+            shared_pools.release(self._pool)
+
+    def apply(
+        self, logits: torch.Tensor, grammars: list[GrammarState | None]
+    ) -> dict[int, RequestError]:
+        """Mask logits rows (N, vocab) in place for the rows that have a grammar. Returns the
+        rows whose grammar failed (those rows are left unmasked: their request is failed)."""
+        rows = [i for i, grammar in enumerate(grammars) if grammar is not None]
+        if not rows:
+            return {}
+        if self._bitmask.shape[0] < len(grammars):
+            self._bitmask = xgr.allocate_token_bitmask(len(grammars), self.vocab_size)
+        bitmask = self._bitmask[: len(grammars)]
+        failed: dict[int, RequestError] = {}
+        for row in rows:
+            try:
+                grammars[row].fill_bitmask(bitmask, row)
+            except Exception as exc:
+                failed[row] = RequestError(f"its grammar failed: {type(exc).__name__}: {exc}")
+        rows = [row for row in rows if row not in failed]
+        if rows:
+            xgr.apply_token_bitmask_inplace(
+                logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows
+            )
+        return failed
