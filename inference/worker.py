@@ -49,7 +49,7 @@ def engine_warm_up(sender: object = None, **_: object) -> None:
         # Its compile workers too (each imports xgrammar: seconds), so the first decisions
         # do not wait for them (a task running past the visibility timeout is redelivered).
         engine = engine_get()
-        engine.structured.start_workers(engine.config.grammar_compile_workers)
+        engine.structured.start_workers(engine.config.structured_output.grammar_compile_workers)
     except Exception as exc:
         logger.exception("the engine failed to load; stopping this worker")
         raise WorkerShutdown(f"engine failed to load: {exc}") from exc

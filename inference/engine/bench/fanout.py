@@ -59,7 +59,7 @@ def run_fanout_once(
     stats = engine.stats()
     return FanoutRun(
         label=label,
-        enable_shared_prefill=engine.config.enable_shared_prefill,
+        enable_shared_prefill=engine.config.scheduler.enable_shared_prefill,
         num_prefill_tokens=stats.num_prefill_tokens - before,
         mean_ttft_s=statistics.mean(o.metrics.ttft_s for o in outputs),
         wall_s=wall_s,

@@ -120,7 +120,7 @@ def run_interval(
     return IntervalRun(
         label=label,
         interval=interval,
-        enable_prefix_caching=engine.config.enable_prefix_caching,
+        enable_prefix_caching=engine.config.cache.enable_prefix_caching,
         metrics=[out.metrics for out in outputs],
         wall_s=wall_s,
         num_checkpoints=stats.num_checkpoints,
