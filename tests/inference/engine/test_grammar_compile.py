@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 import threading
 import time
 
@@ -96,3 +100,44 @@ def test_an_invalid_schema_is_a_clear_error_and_the_worker_stays(make_tiny_engin
         engine.generate("hi", SamplingParams(max_tokens=4, json_schema={"type": "objekt"}))
     (output,) = engine.generate("hi", SamplingParams(max_tokens=16, json_schema=TRIVIAL))
     assert "n" in json.loads(output.text)
+
+
+def test_the_in_process_deadline_counts_the_compiles_cpu_time_not_the_clock(make_tiny_engine):
+    """Compiles that share a busy machine each take longer by the clock but no more work: none
+    is refused while its own CPU time stays under the deadline (a town tick on Gemma 3 compiles
+    several ~10 s schemas at once on two cores)."""
+    probe = make_tiny_engine()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    probe.structured.grammar_for(json.dumps(_slow_schema("probe")))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    engine = make_tiny_engine(grammar_compile_timeout_s=1.5 * cpu_s)
+    # Every core busy, and three compiles at once: each gets well under half a core, so by the
+    # clock each takes more than twice its CPU time.
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    refused: list[str] = []
+    walls: list[float] = []
+
+    def compile_one(tag: str) -> None:
+        started = time.monotonic()
+        try:
+            engine.structured.grammar_for(json.dumps(_slow_schema(tag)))
+        except ValueError as exc:
+            refused.append(str(exc))
+        walls.append(time.monotonic() - started)
+
+    try:
+        threads = [threading.Thread(target=compile_one, args=(f"busy{i}",)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert max(walls) > 1.5 * cpu_s, "the machine was not busy enough to tell clock from CPU"
+    assert refused == []
