@@ -211,8 +211,9 @@ def compile_in_thread(
 
     CPU time, not wall time: several compiles at once on a busy machine each take longer by the
     clock but no more work, and an ordinary schema must not be refused for that (a town decision
-    schema on Gemma's 262k vocabulary is ~6-10 s of CPU; three at once on two busy cores took
-    21 s each by the clock). A caller still waits at most WALL_DEADLINE_FACTOR × timeout_s.
+    schema on Gemma's 262k vocabulary costs seconds of CPU; several at once on two busy cores
+    take a multiple of that each by the clock). A caller still waits at most
+    WALL_DEADLINE_FACTOR × timeout_s.
     The compile cannot be interrupted in-process: past the deadline it finishes unread (the
     schema limits bound how long that is)."""
     done: Future = Future()
