@@ -176,6 +176,11 @@ class Run(models.Model):
     )
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.CREATED)
     num_ticks_done = models.PositiveIntegerField(default=0)
+    quality = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Decision quality (manage.py town_quality; town/quality.py defines each).",
+    )
     num_steps_pending = models.PositiveIntegerField(default=0)
     # Who advances the run now (a tick_loop or run_town process) and until when.
     lease_owner = models.CharField(max_length=200, blank=True)

@@ -10,9 +10,53 @@ from tqdm import tqdm
 from inference.nodes import nodes_without_worker
 from town import services
 from town.management.commands.create_run import add_run_arguments, run_create_from_options
+from town.models import Run
 from town.selectors import run_summary
 from town.simulation import InlineSend, lease_owner_name, tick_run
 from town.tasks import decision_send
+
+
+def run_ticks(command: BaseCommand, *, ticks: int, inline: bool, **options) -> Run | None:
+    """Create a run from the command's options and run it for `ticks` ticks; None when Ctrl-C
+    stopped it (it can be resumed)."""
+    if ticks < 1:
+        raise CommandError(f"--ticks must be at least 1, got {ticks}")
+    run = run_create_from_options(ticks_target=ticks, **options)
+    if inline:
+        send = InlineSend(max_workers=run.concurrency)
+    else:
+        missing = nodes_without_worker(run.nodes)
+        if missing:
+            run.delete()
+            raise CommandError(
+                f"no Celery worker consumes the queue of node(s) {missing}: start one per "
+                "node with `celery -A pokosite worker -Q <node> --pool threads "
+                "--concurrency 4`, or run `make run`, or pass --inline"
+            )
+        send = decision_send
+    run = services.run_start(run=run)
+    owner = lease_owner_name(command.__module__.rsplit(".", 1)[-1])
+    num_residents = run.resident_states.count()
+    command.stdout.write(
+        f"run {run.pk}: {ticks} ticks of {run.town.name}, layout {run.layout}, "
+        f"model {run.model}, nodes {run.nodes}, {run.concurrency} in flight"
+    )
+    try:
+        with tqdm(total=ticks * num_residents, unit="decision") as bar:
+            for _ in range(ticks):
+                tick = tick_run(run_id=run.pk, send=send, owner=owner, progress=bar.update)
+                if tick is None:
+                    raise CommandError(f"run {run.pk} is being advanced by another process")
+    except KeyboardInterrupt:
+        services.run_stop(run=run)
+        command.stdout.write(f"stopped; resume with: manage.py run_control {run.pk} resume")
+        return None
+    finally:
+        services.run_lease_release(run=run, owner=owner)
+        if inline:
+            send.shutdown()
+    run.refresh_from_db()
+    return run
 
 
 class Command(BaseCommand):
@@ -28,43 +72,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, ticks: int, inline: bool, **options):
-        if ticks < 1:
-            raise CommandError(f"--ticks must be at least 1, got {ticks}")
-        run = run_create_from_options(ticks_target=ticks, **options)
-        if inline:
-            send = InlineSend(max_workers=run.concurrency)
-        else:
-            missing = nodes_without_worker(run.nodes)
-            if missing:
-                run.delete()
-                raise CommandError(
-                    f"no Celery worker consumes the queue of node(s) {missing}: start one per "
-                    "node with `celery -A pokosite worker -Q <node> --pool threads "
-                    "--concurrency 4`, or run `make run`, or pass --inline"
-                )
-            send = decision_send
-        run = services.run_start(run=run)
-        owner = lease_owner_name("run_town")
-        num_residents = run.resident_states.count()
-        self.stdout.write(
-            f"run {run.pk}: {ticks} ticks of {run.town.name}, layout {run.layout}, "
-            f"model {run.model}, nodes {run.nodes}, {run.concurrency} in flight"
-        )
-        try:
-            with tqdm(total=ticks * num_residents, unit="decision") as bar:
-                for _ in range(ticks):
-                    tick = tick_run(run_id=run.pk, send=send, owner=owner, progress=bar.update)
-                    if tick is None:
-                        raise CommandError(f"run {run.pk} is being advanced by another process")
-        except KeyboardInterrupt:
-            services.run_stop(run=run)
-            self.stdout.write(f"stopped; resume with: manage.py run_control {run.pk} resume")
-            return
-        finally:
-            services.run_lease_release(run=run, owner=owner)
-            if inline:
-                send.shutdown()
-        self.stdout.write(self.summary_text(run))
+        run = run_ticks(self, ticks=ticks, inline=inline, **options)
+        if run is not None:
+            self.stdout.write(self.summary_text(run))
 
     @staticmethod
     def summary_text(run) -> str:

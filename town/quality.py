@@ -1,0 +1,282 @@
+"""How well a run's residents decided: the definitions behind `manage.py town_quality`.
+
+Pure functions over plain records (no Django, no engine), so each definition is tested on
+crafted examples (tests/town/test_quality.py). `town/services/quality.py` builds the records
+from a run's stored decisions and keeps the result on the run.
+
+Definitions:
+- **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
+  appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
+  content words (not in STOPWORDS) and at least ECHO_LINE_SHARE of them occur in one line of
+  the prompt. Words are lower-cased runs of letters and digits.
+- **pressing need**: hunger >= HUNGRY or energy <= TIRED; when both, the one further past its
+  threshold (hunger over 30 points to 100, energy over 25 points to 0). **Critical**: hunger
+  >= STARVING or energy <= EXHAUSTED, counted per resident-tick (one decision's prompt state).
+- **addressed**: a pressing need was *offered* something for it, and the decision took it.
+  Hunger: buying food (an item that lowers hunger by at least FOOD_MIN_HUNGER) or eating at
+  home, or going to an open place that sells food the resident can afford, or going home when
+  home has a meal. Tiredness: resting, or going home.
+- **valid**: the answer parsed, fitted its schema and the town allowed it; a decision that was
+  retried (a worker began it more than once) is counted apart; a fallback is what code did
+  instead of the model (no usable answer: the resident stayed put).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ECHO_SPAN_WORDS = 6
+ECHO_MIN_CONTENT_WORDS = 3
+ECHO_LINE_SHARE = 0.6
+HUNGRY, STARVING = 70, 90
+TIRED, EXHAUSTED = 25, 10
+FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
+NUM_SAMPLES = 20
+
+_STOPWORDS_TEXT = """
+a an the and or but of to in on at for with from by is are was were be been am i you he she it
+they we my your his her its their our me him them us this that these those do does did so as if
+then than there here now what who which when how all any some no not can will would just very
+too up out
+"""
+STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class FoodOffer:
+    """What in the town feeds a resident: food item names, and for each place that sells food,
+    the cheapest food's price (a home with a meal: its price too)."""
+
+    items: frozenset[str]
+    places: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One decision as the quality measures see it."""
+
+    resident: str
+    tick_index: int
+    clock: str
+    home: str
+    place: str
+    money: int
+    hunger: int
+    energy: int
+    options: dict[str, list[str]]  # action → targets offered (the schema's cases)
+    prompt: list[str]  # the messages' contents, in order
+    action: str = ""
+    target: str = ""
+    reason: str = ""
+    valid: bool = False
+    retried: bool = False
+    error: str = ""
+
+
+def echo_of(reason: str, prompt: list[str]) -> str:
+    """The prompt text a reason copies ('' when it copies none): a message it shares a
+    ECHO_SPAN_WORDS-word span with, or the line that holds most of its content words."""
+    said = words(reason)
+    if not said:
+        return ""
+    for message in prompt:
+        text = " " + " ".join(words(message)) + " "
+        for start in range(len(said) - ECHO_SPAN_WORDS + 1):
+            span = " ".join(said[start : start + ECHO_SPAN_WORDS])
+            if f" {span} " in text:
+                return span
+    content = {w for w in said if w not in STOPWORDS}
+    if len(content) < ECHO_MIN_CONTENT_WORDS:
+        return ""
+    for message in prompt:
+        for line in message.splitlines():
+            shared = content & set(words(line))
+            if len(shared) >= ECHO_LINE_SHARE * len(content):
+                return line.strip()
+    return ""
+
+
+def pressing_need(hunger: int, energy: int) -> str:
+    """'hunger', 'energy' or '' (neither is pressing)."""
+    hungry = (hunger - HUNGRY) / (100 - HUNGRY) if hunger >= HUNGRY else -1.0
+    tired = (TIRED - energy) / TIRED if energy <= TIRED else -1.0
+    if hungry < 0 and tired < 0:
+        return ""
+    return "hunger" if hungry >= tired else "energy"
+
+
+def need_choices(record: DecisionRecord, need: str, food: FoodOffer) -> set[tuple[str, str]]:
+    """The offered (action, target) pairs that answer `need`."""
+    offered = {(a, t) for a, targets in record.options.items() for t in targets}
+    if need == "hunger":
+
+        def feeds(action: str, target: str) -> bool:
+            if action in ("buy", "eat"):
+                return target in food.items or action == "eat"
+            if action == "go":
+                price = food.places.get(target)
+                return price is not None and price <= record.money
+            return False
+
+        return {(a, t) for a, t in offered if feeds(a, t)}
+    if need == "energy":
+        return {(a, t) for a, t in offered if a == "rest" or (a == "go" and t == record.home)}
+    return set()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    resident: str
+    clock: str
+    state: str
+    options: str
+    decision: str
+    reason: str
+    note: str
+
+
+@dataclass(slots=True)
+class TownQuality:
+    """The measures of one run, JSON-ready (`to_json`) for Run.quality."""
+
+    num_decisions: int = 0
+    echo_rate: float = 0.0
+    echo_examples: list[dict[str, str]] = field(default_factory=list)
+    critical_rate: float = 0.0  # resident-ticks at hunger >= STARVING or energy <= EXHAUSTED
+    num_need_offered: int = 0
+    need_addressed_rate: float | None = None
+    need_addressed: dict[str, list[int]] = field(default_factory=dict)  # need → [took, offered]
+    actions: dict[str, int] = field(default_factory=dict)
+    num_distinct_actions: int = 0
+    num_talks: int = 0
+    num_places_visited: int = 0
+    invalid_rate: float = 0.0
+    num_invalid: int = 0
+    num_retried: int = 0
+    num_fallbacks: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    hit_rate: float | None = None
+    median_e2e_s: float | None = None
+    samples: list[dict[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) lines for a person, in the issue's order."""
+        took = self.need_addressed
+        needs = ", ".join(f"{n} {t}/{o}" for n, (t, o) in sorted(took.items())) or "none offered"
+        return [
+            ("decisions", str(self.num_decisions)),
+            ("echo rate", _pct(self.echo_rate)),
+            ("resident-ticks starving or exhausted", _pct(self.critical_rate)),
+            (
+                "pressing needs addressed when offered",
+                f"{_pct(self.need_addressed_rate)} ({needs})",
+            ),
+            ("distinct actions", f"{self.num_distinct_actions} {dict(self.actions)}"),
+            ("talks between residents", str(self.num_talks)),
+            ("places visited", str(self.num_places_visited)),
+            (
+                "invalid",
+                f"{_pct(self.invalid_rate)} ({self.num_invalid}; fallbacks "
+                f"{self.num_fallbacks}, retried {self.num_retried})",
+            ),
+            ("token cache hit rate", _pct(self.hit_rate)),
+            (
+                "median end-to-end",
+                "-" if self.median_e2e_s is None else f"{self.median_e2e_s:.2f} s",
+            ),
+        ]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def town_quality_measure(
+    records: list[DecisionRecord],
+    *,
+    food: FoodOffer,
+    hit_rate: float | None = None,
+    median_e2e_s: float | None = None,
+    seed: int = 0,
+) -> TownQuality:
+    """The measures of `records`; the engine's figures (hit rate, median end-to-end) are the
+    run summary's, passed in, so a prompt that reads better but destroys reuse shows beside."""
+    quality = TownQuality(num_decisions=len(records), hit_rate=hit_rate, median_e2e_s=median_e2e_s)
+    if not records:
+        return quality
+    reasons = [(r, echo_of(r.reason, r.prompt)) for r in records if r.reason]
+    echoes = [(r, copied) for r, copied in reasons if copied]
+    quality.echo_rate = _share(len(echoes), len(reasons))
+    quality.echo_examples = [{"reason": r.reason, "copies": c} for r, c in echoes[:5]]
+    critical = [r for r in records if r.hunger >= STARVING or r.energy <= EXHAUSTED]
+    quality.critical_rate = _share(len(critical), len(records))
+
+    addressed: dict[str, list[int]] = {}
+    for record in records:
+        need = pressing_need(record.hunger, record.energy)
+        choices = need_choices(record, need, food) if need else set()
+        if not choices:
+            continue
+        counts = addressed.setdefault(need, [0, 0])
+        counts[1] += 1
+        counts[0] += record.valid and (record.action, record.target) in choices
+    quality.need_addressed = addressed
+    quality.num_need_offered = sum(o for _, o in addressed.values())
+    if quality.num_need_offered:
+        took = sum(t for t, _ in addressed.values())
+        quality.need_addressed_rate = took / quality.num_need_offered
+
+    valid = [r for r in records if r.valid]
+    quality.actions = dict(Counter(r.action for r in valid).most_common())
+    quality.num_distinct_actions = len(quality.actions)
+    quality.num_talks = sum(r.action == "talk" for r in valid)
+    quality.num_places_visited = len({r.target for r in valid if r.action == "go"})
+    quality.num_invalid = len(records) - len(valid)
+    quality.invalid_rate = _share(quality.num_invalid, len(records))
+    quality.num_fallbacks = quality.num_invalid  # the resident stayed put; code chose that
+    quality.num_retried = sum(r.retried for r in records)
+    quality.errors = dict(Counter(_error_kind(r.error) for r in records if not r.valid))
+
+    picked = random.Random(seed).sample(records, min(NUM_SAMPLES, len(records)))
+    quality.samples = [asdict(_sample(r)) for r in sorted(picked, key=_order)]
+    return quality
+
+
+def _order(record: DecisionRecord) -> tuple[int, str]:
+    return record.tick_index, record.resident
+
+
+def _error_kind(error: str) -> str:
+    return error.split(":")[0][:60] or "no answer"
+
+
+def _sample(record: DecisionRecord) -> Sample:
+    options = "; ".join(f"{a}: {', '.join(t)}" for a, t in record.options.items())
+    decided = f"{record.action} {record.target}" if record.valid else "(fallback: stayed put)"
+    copied = echo_of(record.reason, record.prompt)
+    return Sample(
+        resident=record.resident,
+        clock=record.clock,
+        state=f"at {record.place}, ¥{record.money}, hunger {record.hunger}, energy {record.energy}",
+        options=options,
+        decision=decided,
+        reason=record.reason,
+        note=(f"echo: {copied!r}" if copied else "") or record.error,
+    )

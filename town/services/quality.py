@@ -1,0 +1,82 @@
+"""A run's decision quality (town/quality.py's definitions) from its stored decisions, kept on
+the run (`Run.quality`) so the admin and the compare page show it."""
+
+from __future__ import annotations
+
+from town.models import Decision, Place, Run
+from town.quality import (
+    FOOD_MIN_HUNGER,
+    DecisionRecord,
+    FoodOffer,
+    TownQuality,
+    town_quality_measure,
+)
+from town.selectors import run_clock, run_summary
+
+
+def options_from_schema(schema: dict) -> dict[str, list[str]]:
+    """The (action → targets) a decision schema offered (town/rules/schema.py's shape)."""
+    cases = schema.get("anyOf") or [schema]
+    return {
+        case["properties"]["action"]["const"]: list(case["properties"]["target"]["enum"])
+        for case in cases
+    }
+
+
+def food_offer(*, run: Run) -> FoodOffer:
+    items: set[str] = set()
+    places: dict[str, int] = {}
+    for place in Place.objects.filter(town_id=run.town_id):
+        food = [i for i in place.menu if -i.get("hunger", 0) >= FOOD_MIN_HUNGER]
+        items.update(i["item"] for i in food)
+        if food:
+            places[place.name] = min(i["price"] for i in food)
+    return FoodOffer(items=frozenset(items), places=places)
+
+
+def decision_records(*, run: Run) -> list[DecisionRecord]:
+    places = dict(Place.objects.filter(town_id=run.town_id).values_list("id", "name"))
+    decisions = (
+        Decision.objects.filter(run=run, status=Decision.Status.APPLIED)
+        .select_related("tick", "resident")
+        .order_by("tick__index", "resident_id")
+    )
+    records = []
+    for d in decisions:
+        state = d.resident_state
+        records.append(
+            DecisionRecord(
+                resident=d.resident.name,
+                tick_index=d.tick.index,
+                clock=run_clock(run=run, tick_index=d.tick.index).label(),
+                home=places.get(d.resident.home_id, ""),
+                place=places.get(state["place_id"], "?"),
+                money=state["money"],
+                hunger=state["hunger"],
+                energy=state["energy"],
+                options=options_from_schema(d.json_schema),
+                prompt=[m["content"] for m in d.messages],
+                action=d.action,
+                target=d.target,
+                reason=d.reason,
+                valid=bool(d.valid),
+                retried=d.attempts > 1,
+                error=d.error,
+            )
+        )
+    return records
+
+
+def run_quality_measure(*, run: Run) -> TownQuality:
+    """Measure the run's applied decisions and store the result on the run."""
+    summary = run_summary(run=run)
+    quality = town_quality_measure(
+        decision_records(run=run),
+        food=food_offer(run=run),
+        hit_rate=summary.token_cache_hit_rate if summary.num_decisions else None,
+        median_e2e_s=summary.median_e2e_s if summary.num_decisions else None,
+        seed=run.seed,
+    )
+    run.quality = quality.to_json()
+    run.save(update_fields=["quality"])
+    return quality
