@@ -9,13 +9,12 @@ Definitions:
   appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
   content words (not in STOPWORDS) and at least ECHO_LINE_SHARE of them occur in one line of
   the prompt. Words are lower-cased runs of letters and digits.
-- **pressing need**: hunger >= HUNGRY or energy <= TIRED; when both, the one further past its
-  threshold (hunger over 30 points to 100, energy over 25 points to 0). **Critical**: hunger
-  >= STARVING or energy <= EXHAUSTED, counted per resident-tick (one decision's prompt state).
+- **pressing need** and **critical** (starving or exhausted): town/rules/needs.py, the town's
+  own thresholds; critical is counted per resident-tick (one decision's prompt state).
 - **addressed**: a pressing need was *offered* something for it, and the decision took it.
-  Hunger: buying food (an item that lowers hunger by at least FOOD_MIN_HUNGER) or eating at
-  home, or going to an open place that sells food the resident can afford, or going home when
-  home has a meal. Tiredness: resting, or going home.
+  Hunger: buying food (an item that lowers hunger by at least needs.FOOD_MIN_HUNGER) or eating
+  at home, or going to an open place that sells food the resident can afford, or going home
+  when they can afford a meal there. Tiredness: resting, or going home.
 - **valid**: the answer parsed, fitted its schema and the town allowed it; a decision that was
   retried (a worker began it more than once) is counted apart; a fallback is what code did
   instead of the model (no usable answer: the resident stayed put).
@@ -29,12 +28,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from town.rules.needs import EXHAUSTED, STARVING, pressing_need
+from town.rules.world import HOME_MEAL
+
 ECHO_SPAN_WORDS = 6
 ECHO_MIN_CONTENT_WORDS = 3
 ECHO_LINE_SHARE = 0.6
-HUNGRY, STARVING = 70, 90
-TIRED, EXHAUSTED = 25, 10
-FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
 NUM_SAMPLES = 20
 
 _STOPWORDS_TEXT = """
@@ -106,15 +105,6 @@ def echo_of(reason: str, prompt: list[str]) -> str:
     return ""
 
 
-def pressing_need(hunger: int, energy: int) -> str:
-    """'hunger', 'energy' or '' (neither is pressing)."""
-    hungry = (hunger - HUNGRY) / (100 - HUNGRY) if hunger >= HUNGRY else -1.0
-    tired = (TIRED - energy) / TIRED if energy <= TIRED else -1.0
-    if hungry < 0 and tired < 0:
-        return ""
-    return "hunger" if hungry >= tired else "energy"
-
-
 def need_choices(record: DecisionRecord, need: str, food: FoodOffer) -> set[tuple[str, str]]:
     """The offered (action, target) pairs that answer `need`."""
     offered = {(a, t) for a, targets in record.options.items() for t in targets}
@@ -124,7 +114,7 @@ def need_choices(record: DecisionRecord, need: str, food: FoodOffer) -> set[tupl
             if action in ("buy", "eat"):
                 return target in food.items or action == "eat"
             if action == "go":
-                price = food.places.get(target)
+                price = HOME_MEAL.price if target == record.home else food.places.get(target)
                 return price is not None and price <= record.money
             return False
 

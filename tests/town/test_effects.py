@@ -75,13 +75,16 @@ def test_options_offer_only_what_is_possible_now(world):
 
 def test_schema_admits_exactly_the_options(world):
     schema = decision_schema(action_options(world, world.resident(1)))
-    jsonschema.validate({"action": "go", "target": "Bakery", "reason": "Bread, fresh."}, schema)
+    jsonschema.validate(
+        {"action": "go", "target": "Bakery", "reason": "I want fresh bread."}, schema
+    )
     for bad in [
-        {"action": "go", "target": "Cafe", "reason": "full"},
-        {"action": "go", "target": "Bar", "reason": "closed"},
-        {"action": "talk", "target": "Bakery", "reason": "mixed up"},
-        {"action": "go", "target": "Bakery", "reason": "x" * 81},
-        {"action": "go", "target": "Bakery", "reason": 'quote " here'},
+        {"action": "go", "target": "Cafe", "reason": "I like it"},
+        {"action": "go", "target": "Bar", "reason": "I like it"},
+        {"action": "talk", "target": "Bakery", "reason": "I am mixed up"},
+        {"action": "go", "target": "Bakery", "reason": "I " + "x" * 79},
+        {"action": "go", "target": "Bakery", "reason": 'I quote " here'},
+        {"action": "go", "target": "Bakery", "reason": "Decide what Ann does next"},
         {"action": "go", "target": "Bakery"},
     ]:
         with pytest.raises(jsonschema.ValidationError):
@@ -151,3 +154,29 @@ def test_work_rest_and_time(world):
     world.resident(2).hunger = 99
     time_passes(world)
     assert world.resident(2).hunger == 100  # bounded
+
+
+def test_a_resident_at_home_can_eat_a_meal_they_can_afford(world):
+    aki, ben = world.resident(1), world.resident(2)  # ¥1000 and ¥100, both at home
+    assert action_options(world, aki)["eat"] == ["Home"]
+    assert "eat" not in action_options(world, ben)
+    assert "300" in action_problem(world, ben, "eat", "Home")
+    notes = action_apply(world, aki, "eat", "Home", "")
+    assert (aki.money, aki.hunger) == (700, 10) and "ate a meal" in notes[0][1]
+    assert "only at home" in action_problem(world, world.resident(3), "eat", "Home")
+
+
+def test_a_starving_or_exhausted_resident_is_offered_only_what_answers_the_need(world):
+    aki = world.resident(1)
+    aki.hunger = 95
+    assert action_options(world, aki) == {"go": ["Bakery"], "eat": ["Home"]}
+    assert action_problem(world, aki, "talk", "Ben") == "Aki is starving: only food is offered now"
+    aki.hunger, aki.energy = 50, 5
+    assert action_options(world, aki) == {"rest": ["Home"]}
+    chie = world.resident(3)  # at the café, where nothing is food
+    chie.hunger = 95
+    assert action_options(world, chie) == {"go": ["Home", "Bakery"]}
+    chie.hunger, chie.money = 95, 100  # can afford nothing: nothing answers, all is offered
+    assert "stay" in action_options(world, chie)
+    aki.energy = 20  # tired, not exhausted: the whole menu
+    assert "talk" in action_options(world, aki)

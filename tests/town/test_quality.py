@@ -12,9 +12,9 @@ from town.quality import (
     DecisionRecord,
     FoodOffer,
     echo_of,
-    pressing_need,
     town_quality_measure,
 )
+from town.rules.needs import pressing_need
 
 PROMPT = [
     "Rules of the town:\n1. Go only to a place that is open now and not full.\n"

@@ -23,6 +23,7 @@ def _largest_decision_schema() -> dict:
             "go": places[1:],
             "stay": places[:1],
             "buy": [item[0] for menu in MENUS.values() for item in menu],  # more than any menu
+            "eat": places[:1],
             "talk": [resident[0] for resident in RESIDENT_POOL],
             "rest": places[:1],
             "work": places[:1],

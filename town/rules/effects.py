@@ -6,7 +6,7 @@ the tick service stores both. Bounds: hunger and energy stay within 0..100.
 
 from __future__ import annotations
 
-from town.rules.world import ResidentView, World
+from town.rules.world import HOME_MEAL, ResidentView, World
 
 Note = tuple[int, str]
 
@@ -48,6 +48,10 @@ def action_apply(
         resident.hunger = _clamp(resident.hunger + item.hunger)
         resident.energy = _clamp(resident.energy + item.energy)
         return [(resident.id, f"Bought {item.item} at {here.name} for ¥{item.price}.")]
+    if action == "eat":
+        resident.money -= HOME_MEAL.price
+        resident.hunger = _clamp(resident.hunger + HOME_MEAL.hunger)
+        return [(resident.id, f"Cooked and ate a meal at home ({here.name}).")]
     if action == "talk":
         other = world.resident_named(target)
         assert other is not None, "talk was validated before it was applied"

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from town.rules.actions import action_options
+from town.rules.effects import REST_ENERGY_PER_HOUR
+from town.rules.needs import cheapest_food, energy_words, hunger_words
 from town.rules.schema import REASON_MAX_CHARS, decision_schema
-from town.rules.world import PlaceView, ResidentView, World
+from town.rules.world import HOME_MEAL, PlaceView, ResidentView, World
 
 LAYOUTS = (
     "naive",
@@ -56,24 +58,36 @@ Rules of the town:
 live there may enter it, and it is always open to them.
 2. A shop sells the items on its menu at the listed price in yen. Nobody can spend more money \
 than they have.
-3. Food lowers hunger (0 is full, 100 is starving). Resting at home restores energy (100 is \
-fully rested). Working at your own workplace while it is open earns your hourly wage.
+3. Food lowers hunger (0 is full, 100 is starving); at home a resident can eat a home-cooked \
+meal for 300 yen. Resting at home restores energy (100 is fully rested). Working at your own \
+workplace while it is open earns your hourly wage.
 4. Talk only to someone at the same place as you. Both of you will remember the talk.
 5. Stay in character: follow the resident's personality, likes and memories. A first visit to \
 a place feels different from returning to a favourite one; curious people like new places, \
 creatures of habit return to the ones they know.
-6. Above 70 hunger, eat soon. Below 25 energy, go home and rest. Late at night most people \
-are at home; shops close and open again in the morning.
+6. A hungry resident eats; a tired one goes home and rests. Late at night most people are at \
+home asleep; shops close and open again in the morning.
 7. Do not repeat the same action forever: a day has work, meals, errands, friends and rest."""
+
+# Worked examples, in the shared (cached) head: residents of another town, so that a reason
+# copied from here is seen as an echo, never mistaken for a resident's own.
+_EXAMPLES = """\
+How residents of another town decided (each answer is the resident's own short thought):
+- Mika at the bakery, hungry, 900 yen; offered: buy anpan (160 yen, hunger -20), go, talk.
+  {"action": "buy", "target": "anpan", "reason": "I skipped breakfast, a warm anpan will do."}
+- Taro at home at 23:00, tired; offered: rest (energy +30), eat, talk.
+  {"action": "rest", "target": "Hill House", "reason": "I can barely keep my eyes open."}
+- Emi at the cafe, rested and full, a friend here; offered: talk Ken, go, stay.
+  {"action": "talk", "target": "Ken", "reason": "I want to hear about his trip to Osaka."}"""
 
 _FORMAT = (
     "Answer with one JSON object and nothing else, with exactly these keys in this order:\n"
     '{{"action": ..., "target": ..., "reason": ...}}\n'
-    "- action (required): one of go, stay, buy, talk, rest, work; only an action listed under "
-    '"What you can do now".\n'
+    "- action (required): one of go, stay, buy, eat, talk, rest, work; only an action listed "
+    'under "What ... can do now".\n'
     "- target (required): exactly one of the options listed for that action, spelled as listed.\n"
-    "- reason (required): a string, why the resident does it, in English, at most {chars} "
-    "characters, letters, digits and basic punctuation only."
+    "- reason (required): the resident's own short thought, in the first person, starting with "
+    '"I", in plain English, at most {chars} characters; say it in your own words.'
 )
 
 
@@ -172,6 +186,7 @@ def shared_rules_text(world: World) -> str:
             _INTRO.format(minutes=world.minutes_per_tick),
             _RULES,
             _FORMAT.format(chars=REASON_MAX_CHARS),
+            _EXAMPLES,
             "Places of the town:\n" + "\n".join(places),
         ]
     )
@@ -182,6 +197,7 @@ def shared_head_text(world: World, with_format: bool) -> str:
     parts = [_INTRO.format(minutes=world.minutes_per_tick), _RULES]
     if with_format:
         parts.append(_FORMAT.format(chars=REASON_MAX_CHARS))
+    parts.append(_EXAMPLES)
     parts.append("Places of the town (prices in yen):\n" + places_table(world))
     return "\n\n".join(parts)
 
@@ -267,8 +283,9 @@ def _state(world: World, resident: ResidentView) -> str:
         [
             f"## {resident.name} now",
             f"At: {here.name} ({here.kind}, {status}). With: {', '.join(others) or 'nobody'}.",
-            f"Money: {resident.money} yen. Hunger: {resident.hunger}/100. "
-            f"Energy: {resident.energy}/100.",
+            f"Money: {resident.money} yen.",
+            f"Hunger: {resident.hunger}/100, {hunger_words(resident.hunger)}.",
+            f"Energy: {resident.energy}/100, {energy_words(resident.energy)}.",
         ]
     )
 
@@ -299,18 +316,42 @@ def _memories(resident: ResidentView) -> str:
 
 
 def _option_label(world: World, resident: ResidentView, action: str, target: str) -> str:
+    """An option with what it does: "melon pan (180 yen, hunger -20)"."""
+    hours = world.minutes_per_tick / 60
     if action == "buy":
         item = world.place(resident.place_id).menu_item(target)
-        return f"{target} ({item.price} yen)" if item else target
+        if item is None:
+            return target
+        effects = [f"{item.price} yen"]
+        effects += [f"hunger {item.hunger:+d}"] if item.hunger else []
+        effects += [f"energy {item.energy:+d}"] if item.energy else []
+        return f"{target} ({', '.join(effects)})"
+    if action == "eat":
+        return f"{target} (home-cooked meal, {HOME_MEAL.price} yen, hunger {HOME_MEAL.hunger:+d})"
+    if action == "rest":
+        return f"{target} (energy +{round(REST_ENERGY_PER_HOUR * hours)})"
+    if action == "work":
+        return f"{target} (earn {round(resident.wage_per_hour * hours)} yen)"
+    if action == "go":
+        place = world.place_named(target)
+        if place is None:
+            return target
+        if place.id == resident.home_id:
+            return f"{target} (your home: rest, meals)"
+        food = cheapest_food(place, is_home=False)
+        return (
+            f"{target} ({place.kind}, food from {food} yen)" if food else f"{target} ({place.kind})"
+        )
     return target
 
 
 def _options(world: World, resident: ResidentView, options: dict[str, list[str]]) -> str:
-    lines = ["## What you can do now (action: targets)"]
+    """What the resident can do now, each option with its effect. The prompt ends here, on the
+    resident's situation, not on an instruction a small model would copy as its reason."""
+    lines = [f"## What {resident.name} can do now"]
     for action, targets in options.items():
         labels = [_option_label(world, resident, action, t) for t in targets]
         lines.append(f"- {action}: {'; '.join(labels)}")
-    lines.append(f"Decide what {resident.name} does next.")
     return "\n".join(lines)
 
 
@@ -325,6 +366,7 @@ def _naive_messages(
             f"{resident.hunger}/100 and energy {resident.energy}/100.",
             _INTRO.format(minutes=world.minutes_per_tick),
             _RULES.replace("Rules of the town:", f"Rules for {resident.name}:"),
+            _EXAMPLES,
         ]
     )
     user = "\n\n".join(

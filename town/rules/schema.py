@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 REASON_MAX_CHARS = 80
-# ASCII letters, digits and basic punctuation: one token per character at worst, no escapes.
-REASON_PATTERN = rf"^[A-Za-z0-9 ,.!?'-]{{1,{REASON_MAX_CHARS}}}$"
+# The resident's own thought, in the first person ("I ..."): a small model cannot start it by
+# copying a third-person line of the prompt ("Decide what ... does next"). Then ASCII letters,
+# digits and basic punctuation: one token per character at worst, no escapes.
+REASON_PATTERN = rf"^I[ '][A-Za-z0-9 ,.!?'-]{{1,{REASON_MAX_CHARS - 2}}}$"
 # {"action":"...","target":"...","reason":"..."}: ~20 tokens of keys and punctuation, a target
 # name of up to ~20 tokens, the reason at most REASON_MAX_CHARS tokens.
 DECISION_MAX_TOKENS = 20 + 20 + REASON_MAX_CHARS + 20

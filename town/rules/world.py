@@ -19,6 +19,10 @@ class MenuItem:
     energy: int = 0
 
 
+# What `eat` at home costs and does: groceries for a home-cooked meal.
+HOME_MEAL = MenuItem(item="home-cooked meal", price=300, hunger=-40)
+
+
 @dataclass(slots=True)
 class PlaceView:
     id: int

@@ -4,13 +4,8 @@ the run (`Run.quality`) so the admin and the compare page show it."""
 from __future__ import annotations
 
 from town.models import Decision, Place, Run
-from town.quality import (
-    FOOD_MIN_HUNGER,
-    DecisionRecord,
-    FoodOffer,
-    TownQuality,
-    town_quality_measure,
-)
+from town.quality import DecisionRecord, FoodOffer, TownQuality, town_quality_measure
+from town.rules.needs import FOOD_MIN_HUNGER
 from town.selectors import run_clock, run_summary
 
 

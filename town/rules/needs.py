@@ -1,0 +1,66 @@
+"""Hunger and energy in words, which need presses most, and what answers it.
+
+One definition for the prompt (needs said in words), the menu of actions (a starving or
+exhausted resident is offered only what answers that need, when something does) and the
+quality measures (town/quality.py: was the pressing need addressed when it could be).
+Hunger runs 0 (full) .. 100 (starving); energy 0 (exhausted) .. 100 (rested).
+"""
+
+from __future__ import annotations
+
+from town.rules.world import HOME_MEAL, PlaceView
+
+HUNGRY, STARVING = 70, 90
+TIRED, EXHAUSTED = 25, 10
+FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
+
+
+def pressing_need(hunger: int, energy: int) -> str:
+    """'hunger', 'energy' or '' (neither is pressing); when both, the one further past its
+    threshold (hunger over 30 points to 100, energy over 25 points to 0)."""
+    hungry = (hunger - HUNGRY) / (100 - HUNGRY) if hunger >= HUNGRY else -1.0
+    tired = (TIRED - energy) / TIRED if energy <= TIRED else -1.0
+    if hungry < 0 and tired < 0:
+        return ""
+    return "hunger" if hungry >= tired else "energy"
+
+
+def critical_need(hunger: int, energy: int) -> str:
+    """The pressing need when it is critical (starving or exhausted), else ''."""
+    need = pressing_need(hunger, energy)
+    if (need == "hunger" and hunger >= STARVING) or (need == "energy" and energy <= EXHAUSTED):
+        return need
+    return ""
+
+
+def hunger_words(hunger: int) -> str:
+    if hunger >= STARVING:
+        return "starving: must eat now"
+    if hunger >= HUNGRY:
+        return "hungry: should eat soon"
+    if hunger >= 40:
+        return "a little hungry"
+    return "full"
+
+
+def energy_words(energy: int) -> str:
+    if energy <= EXHAUSTED:
+        return "exhausted: must rest at home now"
+    if energy <= TIRED:
+        return "tired: should go home and rest"
+    if energy <= 50:
+        return "a little tired"
+    return "rested"
+
+
+def cheapest_food(place: PlaceView, *, is_home: bool) -> int | None:
+    """The price of the cheapest food a resident finds at `place` (their home: a meal)."""
+    if is_home:
+        return HOME_MEAL.price
+    prices = [i.price for i in place.menu if -i.hunger >= FOOD_MIN_HUNGER]
+    return min(prices, default=None)
+
+
+def is_food(place: PlaceView, item: str) -> bool:
+    found = place.menu_item(item)
+    return found is not None and -found.hunger >= FOOD_MIN_HUNGER
