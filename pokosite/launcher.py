@@ -2,7 +2,8 @@
 
     python -m pokosite.launcher
 
-In order: migrate; seed the demo town if there is none; start an embedded Redis when REDIS_URL
+In order: migrate; seed the demo town if there is none; make a superuser if there is none
+(its password printed once, pokosite/local_login.py); start an embedded Redis when REDIS_URL
 is not set; start one Celery worker per inference node, the web server (daphne) and the tick
 loop; print the URL. Each child's output is shown prefixed with its name. Ctrl-C (SIGINT) or
 SIGTERM stops the tick loop first, then the web server and the workers, then Redis; a child
@@ -104,8 +105,9 @@ def launch_plan(
             ChildSpec(
                 name="tick-loop",
                 argv=[python, str(manage_py), "tick_loop"],
-                # SIGINT: the loop finishes or abandons its tick as KeyboardInterrupt allows.
-                stop_signal=signal.SIGINT,
+                # SIGTERM (its default stop signal): the loop leaves as on Ctrl-C, mid-tick if
+                # need be (the open tick is resumed on the next start); one still starting up
+                # just ends, where SIGINT would print a KeyboardInterrupt traceback.
                 stop_timeout_s=15.0,
                 stop_wave=0,
             )
@@ -239,6 +241,7 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
 
     from inference.nodes import node_names
     from inference.runtime import engine_config_from_settings
+    from pokosite.local_login import local_superuser_create, login_lines
     from pokosite.redis_embedded import EmbeddedRedis
 
     nodes = node_names()
@@ -259,6 +262,7 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
         output.line("launcher", "no seed_town command (town app): not seeding a demo town")
     elif not stop.is_set() and _town_is_empty():
         run_step("seed", [python, str(MANAGE_PY), "seed_town"], env, output)
+    login = login_lines(plan.url + "admin/", local_superuser_create())
 
     if stop.is_set():
         return 0
@@ -277,6 +281,8 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
             if stop.is_set():
                 return 0
         output.line("launcher", f"Pokomachi is running at {plan.url}  (admin: {plan.url}admin/)")
+        for text in login:
+            output.line("launcher", text)
         output.line("launcher", "press Ctrl-C to stop")
         exit_code = 0
         while not stop.wait(0.5):
