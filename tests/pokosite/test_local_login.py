@@ -29,9 +29,7 @@ def test_the_first_start_makes_a_superuser_and_says_its_password_once():
     assert local_superuser_create() is None
     again = "\n".join(login_lines(ADMIN_URL, None))
     assert password not in again
-    assert (
-        "as admin (password forgotten? .venv/bin/python manage.py changepassword admin)" in again
-    )
+    assert "as admin (password forgotten? .venv/bin/python manage.py changepassword admin)" in again
     assert get_user_model().objects.count() == 1
 
 
