@@ -2,11 +2,14 @@
 
     python -m pokosite.launcher
 
-In order: migrate; seed the demo town if there is none; make a superuser if there is none
-(its password printed once, pokosite/local_login.py); start an embedded Redis when REDIS_URL
+In order: migrate; seed the demo town if there is none; start an embedded Redis when REDIS_URL
 is not set; start one Celery worker per inference node, the web server (daphne) and the tick
-loop; print the URL. Each child's output is shown prefixed with its name. Ctrl-C (SIGINT) or
-SIGTERM stops the tick loop first, then the web server and the workers, then Redis; a child
+loop; print the URL and how to log in (the first start makes a superuser and prints its
+password once: pokosite/local_login.py). Each child's output is shown prefixed with its name.
+
+Every child, Redis included, runs in its own session, so the terminal's Ctrl-C (SIGINT to its
+foreground process group) reaches the launcher alone. Ctrl-C or SIGTERM stops the tick loop
+first, then the web server and the workers, then Redis, last, since they all use it; a child
 that does not stop within its timeout is killed. If any child dies, everything is stopped.
 
 Environment (besides the settings' own, see pokosite/settings/base.py; both read with
@@ -262,7 +265,6 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
         output.line("launcher", "no seed_town command (town app): not seeding a demo town")
     elif not stop.is_set() and _town_is_empty():
         run_step("seed", [python, str(MANAGE_PY), "seed_town"], env, output)
-    login = login_lines(plan.url + "admin/", local_superuser_create())
 
     if stop.is_set():
         return 0
@@ -281,7 +283,8 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
             if stop.is_set():
                 return 0
         output.line("launcher", f"Pokomachi is running at {plan.url}  (admin: {plan.url}admin/)")
-        for text in login:
+        # Made only here, where its password is sure to be printed.
+        for text in login_lines(f"{plan.url}admin/", local_superuser_create()):
             output.line("launcher", text)
         output.line("launcher", "press Ctrl-C to stop")
         exit_code = 0
