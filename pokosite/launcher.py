@@ -4,8 +4,12 @@
 
 In order: migrate; seed the demo town if there is none; start an embedded Redis when REDIS_URL
 is not set; start one Celery worker per inference node, the web server (daphne) and the tick
-loop; print the URL. Each child's output is shown prefixed with its name. Ctrl-C (SIGINT) or
-SIGTERM stops the tick loop first, then the web server and the workers, then Redis; a child
+loop; print the URL and how to log in (the first start makes a superuser and prints its
+password once: pokosite/local_login.py). Each child's output is shown prefixed with its name.
+
+Every child, Redis included, runs in its own session, so the terminal's Ctrl-C (SIGINT to its
+foreground process group) reaches the launcher alone. Ctrl-C or SIGTERM stops the tick loop
+first, then the web server and the workers, then Redis, last, since they all use it; a child
 that does not stop within its timeout is killed. If any child dies, everything is stopped.
 
 Environment (besides the settings' own, see pokosite/settings/base.py; both read with
@@ -104,8 +108,9 @@ def launch_plan(
             ChildSpec(
                 name="tick-loop",
                 argv=[python, str(manage_py), "tick_loop"],
-                # SIGINT: the loop finishes or abandons its tick as KeyboardInterrupt allows.
-                stop_signal=signal.SIGINT,
+                # SIGTERM (its default stop signal): the loop leaves as on Ctrl-C, mid-tick if
+                # need be (the open tick is resumed on the next start); one still starting up
+                # just ends, where SIGINT would print a KeyboardInterrupt traceback.
                 stop_timeout_s=15.0,
                 stop_wave=0,
             )
@@ -239,6 +244,7 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
 
     from inference.nodes import node_names
     from inference.runtime import engine_config_from_settings
+    from pokosite.local_login import local_superuser_create, login_lines
     from pokosite.redis_embedded import EmbeddedRedis
 
     nodes = node_names()
@@ -277,6 +283,9 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
             if stop.is_set():
                 return 0
         output.line("launcher", f"Pokomachi is running at {plan.url}  (admin: {plan.url}admin/)")
+        # Made only here, where its password is sure to be printed.
+        for text in login_lines(f"{plan.url}admin/", local_superuser_create()):
+            output.line("launcher", text)
         output.line("launcher", "press Ctrl-C to stop")
         exit_code = 0
         while not stop.wait(0.5):

@@ -74,8 +74,13 @@ class EmbeddedRedis:
         attempts = 1 if self.port is not None else 3
         for attempt in range(attempts):
             port = self.port if self.port is not None else free_tcp_port()
+            # Its own session, like the launcher's other children: the terminal's Ctrl-C
+            # reaches the launcher only, which stops Redis last, after everything using it.
             self.process = subprocess.Popen(
-                self._argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                self._argv(port),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             if self._wait_ready(port, timeout_s):
                 self.port = port

@@ -231,8 +231,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "pokosite.cloudflare_access.authentication.CloudflareAccessAuthentication",
+        # Before sessions: a token's client sends no CSRF token (see the class).
+        "pokosite.cloudflare_access.authentication.HeaderTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
 }
 SPECTACULAR_SETTINGS = {
@@ -249,6 +250,10 @@ SPECTACULAR_SETTINGS = {
         "DecisionStatusEnum": "town.models.Decision.Status",
     },
 }
+
+# `make run` makes a superuser on its first start and prints its password once
+# (pokosite/local_login.py); production never does.
+LAUNCHER_CREATES_SUPERUSER = True
 
 # Cloudflare Access (issue 8): when both are set, every request must carry a valid Access JWT.
 # Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.

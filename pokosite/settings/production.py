@@ -24,6 +24,7 @@ def _env_required(name: str, hint: str) -> str:
 
 
 DEBUG = False
+LAUNCHER_CREATES_SUPERUSER = False  # no account with a printed password here
 _SECRET_KEY_HINT = 'generate one with python -c "import secrets; print(secrets.token_urlsafe(50))"'
 SECRET_KEY = _env_required("POKOMACHI_SECRET_KEY", _SECRET_KEY_HINT)
 # The key signs sessions and derives the cache salts: a copied placeholder or a short key would

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.template.loader import render_to_string
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -39,6 +39,8 @@ from pokosite.cloudflare_access.config import access_config
 from pokosite.cloudflare_access.middleware import CloudflareAccessMiddleware
 from pokosite.cloudflare_access.tokens import verifier_for
 from pokosite.cloudflare_access.websocket import CloudflareAccessWebSocketMiddleware
+from tests.town.factories import small_town_factory
+from town import services
 
 pytestmark = pytest.mark.django_db
 
@@ -387,6 +389,31 @@ def test_a_service_token_is_an_api_only_user(client, access_on, refusals):
     assert (user.is_staff, user.is_superuser, user.has_usable_password()) == (False, False, False)
     assert get(client, "/admin/", service_token()).status_code == 403
     assert refusals[-1].getMessage().endswith(": service token outside the API")
+
+
+def test_a_listed_service_token_asks_for_a_decision_without_csrf(access_on, redis_url):
+    run = services.run_create(town=small_town_factory(), nodes=["local"])
+    client = Client(enforce_csrf_checks=True)  # as a real server: curl sends no CSRF token
+
+    def ask(resident):
+        return client.post(
+            "/api/decisions/",
+            {"run": run.pk, "resident": resident.pk},
+            content_type="application/json",
+            headers={"Cf-Access-Jwt-Assertion": service_token()},
+        )
+
+    aki, ben = run.town.residents.order_by("id")[:2]
+    access_on.CONTROL_SERVICE_TOKENS = ["someone-else.access"]
+    refused = ask(aki)
+    assert refused.status_code == 403 and "CONTROL_SERVICE_TOKENS" in refused.json()["detail"]
+    access_on.CONTROL_SERVICE_TOKENS = ["88bf3b6d86161464f6509f7219099e57.access"]
+    response = ask(ben)
+    assert response.status_code == 202, response.content
+    polled = client.get(
+        response.json()["url"], headers={"Cf-Access-Jwt-Assertion": service_token()}
+    )
+    assert polled.status_code == 200 and polled.json()["resident"] == ben.pk
 
 
 class WhoAmI(APIView):

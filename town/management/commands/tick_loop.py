@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 
 from django.core.management.base import BaseCommand
 
@@ -27,8 +26,9 @@ class Command(BaseCommand):
     def handle(self, *args, idle: float, no_first_run: bool, **options):
         if not no_first_run:
             self.first_run_start()
-        # SIGTERM as Ctrl-C: leave mid-tick; the open tick is resumed on the next start.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        # SIGTERM (the launcher's, docker's stop) as Ctrl-C: leave mid-tick; the open tick is
+        # resumed on the next start.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         self.stdout.write("tick loop: waiting for running runs (Ctrl-C stops)")
         try:
             loop_forever(send=decision_send, idle_s=idle)
