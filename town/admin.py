@@ -15,9 +15,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.decorators import method_decorator
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
+from django.utils.timezone import localtime
 from django.views.decorators.http import require_POST
 
 from town import services
@@ -80,16 +82,16 @@ def _truncated(text: str, num_chars: int) -> str:
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
+    # Narrow enough for a 1280 px screen beside the nav sidebar and the filters.
     list_display = [
         "id",
-        "town",
         "layout",
         "model_short",
         "status",
-        "num_ticks_done",
+        "ticks",
         "decisions_computed",
         "hit_rate",
-        "created_at",
+        "created",
     ]
     list_filter = ["status", "layout", "model", "town"]
     search_fields = ["id", "layout", "model"]
@@ -129,6 +131,18 @@ class RunAdmin(admin.ModelAdmin):
     @admin.display(description="model", ordering="model")
     def model_short(self, run: Run) -> str:
         return _truncated(run.model, 24)
+
+    @admin.display(description="ticks", ordering="num_ticks_done")
+    def ticks(self, run: Run) -> int:
+        return run.num_ticks_done
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: Run) -> str:
+        return format_html(
+            '<span title="{}">{}</span>',
+            date_format(localtime(run.created_at), "DATETIME_FORMAT"),
+            date_format(localtime(run.created_at), "M j, H:i"),
+        )
 
     def has_change_permission(self, request: HttpRequest, obj: Run | None = None) -> bool:
         # A run's settings are what its numbers were measured under: once it has started they
@@ -293,18 +307,17 @@ def _message_blocks(messages_: list[dict]):
 
 @admin.register(Decision)
 class DecisionAdmin(admin.ModelAdmin):
+    # Narrow enough for a 1280 px screen beside the nav sidebar and the filters; the prompt
+    # tokens show on hovering the cache hit, the rest on the decision's page.
     list_display = [
         "id",
         "run_tick",
         "resident",
         "status",
-        "action",
-        "target_short",
+        "choice",
         "valid",
-        "retries",
-        "num_prompt_tokens",
         "cache_hit",
-        "app_e2e_s_rounded",
+        "e2e_s",
     ]
     list_filter = ["run", "resident", "node", "valid", "action", "status", "finish_reason"]
     search_fields = ["resident__name", "reason", "raw_output", "error", "target"]
@@ -342,6 +355,7 @@ class DecisionAdmin(admin.ModelAdmin):
     engine_e2e_s_rounded = rounded_field("engine_e2e_s")
     app_e2e_s_rounded = rounded_field("app_e2e_s")
     app_latency_s_rounded = rounded_field("app_latency_s")
+    e2e_s = rounded_field("app_e2e_s", "e2e s")  # the list's short header
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Decision]:
         # Its title names the resident and the tick's index (Decision.__str__).
@@ -355,15 +369,17 @@ class DecisionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.display(description="run · tick", ordering="tick__index")
+    @admin.display(description="run·tick", ordering="tick__index")
     def run_tick(self, decision: Decision) -> str:
         return f"{decision.run_id} · {decision.tick.index}"
 
-    @admin.display(description="target", ordering="target")
-    def target_short(self, decision: Decision) -> str:
-        return _truncated(decision.target, 20)
+    @admin.display(description="choice", ordering="action")
+    def choice(self, decision: Decision) -> str:
+        if not decision.action:
+            return "-"
+        return _truncated(f"{decision.action} → {decision.target}", 20)
 
-    @admin.display(description="cache hit")
+    @admin.display(description="hit")
     def cache_hit(self, decision: Decision) -> str:
         return percent_html(decision.num_cached_tokens, decision.num_prompt_tokens)
 

@@ -2,7 +2,8 @@
 token counts, a run's charts (data and, in Debian's chromium, drawn), and the compare action.
 
 Screenshots: `POKOMACHI_SCREENSHOT_DIR=docs .venv/bin/pytest tests/town/test_admin.py -k chromium`
-writes docs/admin-run-charts.png and docs/admin-compare.png.
+writes docs/admin-run-charts.png and docs/admin-compare.png (and the lists and a run's page at
+1280 px wide, admin-*-1280.png).
 """
 
 from __future__ import annotations
@@ -243,6 +244,20 @@ def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp
         page.goto(f"{live_server.url}/admin/town/run/compare/?ids={ids}")
         assert "pt" in page.inner_text("#pk-compare-table")
         page.locator("#content").screenshot(path=str(out_dir / "admin-compare.png"))
+        # The lists fit a 1280 px wide screen: neither the page nor the list's own box (the
+        # admin's .results, which scrolls sideways rather than widen the page) scrolls.
+        page.set_viewport_size({"width": 1280, "height": 900})
+        for name, path in [("runs", "run"), ("decisions", "decision")]:
+            page.goto(f"{live_server.url}/admin/town/{path}/")
+            widths = page.evaluate(
+                """() => { const r = document.querySelector('#changelist .results');
+                           return [document.documentElement.scrollWidth, r.scrollWidth,
+                                   r.clientWidth]; }"""
+            )
+            page.screenshot(path=str(out_dir / f"admin-{name}-1280.png"))
+            assert widths[0] <= 1280 and widths[1] <= widths[2], (name, widths)
+        page.goto(f"{live_server.url}/admin/town/run/{runs[1].pk}/change/")
+        page.screenshot(path=str(out_dir / "admin-run-page-1280.png"))
         browser.close()
     assert (out_dir / "admin-run-charts.png").stat().st_size > 10_000
 
