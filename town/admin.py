@@ -1,21 +1,30 @@
 """The town in Django admin: lists with filters and search, decisions with their prompt shown
-readably (shared head and per-resident tail apart, with token counts), each run's charts, and a
-compare action that puts the talk's summary table for several runs side by side."""
+readably (shared head and per-resident tail apart, with token counts), each run's charts and
+control buttons (a run is read-only once started), and a compare action that puts the talk's
+summary table for several runs side by side. Floats are rounded for people (town/admin_format.py).
+"""
 
 from __future__ import annotations
 
 import json
 
 from django.contrib import admin, messages
-from django.db.models import Count, QuerySet, Sum
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, FloatField, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.decorators import method_decorator
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.text import Truncator
+from django.utils.timezone import localtime
+from django.views.decorators.http import require_POST
 
 from town import services
-from town.errors import RunStateError
+from town.admin_format import percent_html, rounded_field
+from town.errors import RunStateError, TownError
 from town.models import (
     DECISION_METRIC_FIELDS,
     Decision,
@@ -27,7 +36,7 @@ from town.models import (
     Tick,
     Town,
 )
-from town.reports import run_chart_data, runs_compare
+from town.reports import run_chart_data, runs_baseline_first, runs_compare, runs_length_warning
 from town.rules.prompts import num_shared_messages
 from town.selectors import run_summary
 
@@ -66,22 +75,23 @@ class MemoryAdmin(admin.ModelAdmin):
     search_fields = ["text", "resident__name"]
 
 
-def _percent(part: int | None, whole: int | None) -> str:
-    return f"{100 * (part or 0) / whole:.1f}%" if whole else "-"
+def _truncated(text: str, num_chars: int) -> str:
+    """`text` cut to `num_chars` for a list column, the whole of it on hover."""
+    return format_html('<span title="{}">{}</span>', text, Truncator(text).chars(num_chars))
 
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
+    # Narrow enough for a 1280 px screen beside the nav sidebar and the filters.
     list_display = [
         "id",
-        "town",
         "layout",
-        "model",
+        "model_short",
         "status",
-        "num_ticks_done",
+        "ticks",
         "decisions_computed",
         "hit_rate",
-        "created_at",
+        "created",
     ]
     list_filter = ["status", "layout", "model", "town"]
     search_fields = ["id", "layout", "model"]
@@ -110,27 +120,79 @@ class RunAdmin(admin.ModelAdmin):
             )
         )
 
-    @admin.display(description="token cache hit rate")
+    @admin.display(description="hit rate")
     def hit_rate(self, run: Run) -> str:
-        return _percent(run.num_cached, run.num_prompt)
+        return percent_html(run.num_cached, run.num_prompt)
 
-    @admin.display(description="decisions computed", ordering="num_decisions")
+    @admin.display(description="decisions", ordering="num_decisions")
     def decisions_computed(self, run: Run) -> int:
         return run.num_decisions
 
+    @admin.display(description="model", ordering="model")
+    def model_short(self, run: Run) -> str:
+        return _truncated(run.model, 24)
+
+    @admin.display(description="ticks", ordering="num_ticks_done")
+    def ticks(self, run: Run) -> int:
+        return run.num_ticks_done
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: Run) -> str:
+        return format_html(
+            '<span title="{}">{}</span>',
+            date_format(localtime(run.created_at), "DATETIME_FORMAT"),
+            date_format(localtime(run.created_at), "M j, H:i"),
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Run | None = None) -> bool:
+        # A run's settings are what its numbers were measured under: once it has started they
+        # are shown, not edited; its buttons (run_control_view) still control it.
+        if obj is not None and obj.status != Run.Status.CREATED:
+            return False
+        return super().has_change_permission(request, obj)
+
     def get_urls(self):
         compare = self.admin_site.admin_view(self.compare_view)
-        return [path("compare/", compare, name="town_run_compare"), *super().get_urls()]
+        control = self.admin_site.admin_view(self.run_control_view)
+        return [
+            path("compare/", compare, name="town_run_compare"),
+            path("<path:object_id>/control/<str:control>/", control, name="town_run_control"),
+            *super().get_urls(),
+        ]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         run = self.get_object(request, object_id)
         if run is not None:
             extra_context = {
                 **(extra_context or {}),
+                "controls": services.run_controls_available(run=run),
+                "can_control": super().has_change_permission(request),
                 "summary_rows": run_summary(run=run).rows(),
                 "chart_data": run_chart_data(run=run),
             }
         return super().change_view(request, object_id, form_url, extra_context)
+
+    @method_decorator(require_POST)
+    def run_control_view(self, request: HttpRequest, object_id: str, control: str):
+        """One of the run page's buttons: the service of the same name (services.RUN_CONTROLS),
+        then back to the page with what it did or why it refused."""
+        if not super().has_change_permission(request):
+            raise PermissionDenied
+        run = self.get_object(request, object_id)
+        if run is None:
+            self.message_user(request, f"no run with id {object_id!r}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:town_run_changelist"))
+        service = services.RUN_CONTROLS.get(control)
+        if service is None:
+            known = ", ".join(services.RUN_CONTROLS)
+            self.message_user(request, f"unknown control {control!r}; use {known}", messages.ERROR)
+        else:
+            try:
+                run = service(run=run)
+                self.message_user(request, f"run {run.pk}: {control} → {run.status}")
+            except TownError as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:town_run_change", args=[run.pk]))
 
     @admin.action(description="Compare the selected runs (the talk's summary table)")
     def compare_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> HttpResponse | None:
@@ -157,12 +219,21 @@ class RunAdmin(admin.ModelAdmin):
                 messages.ERROR,
             )
             return HttpResponseRedirect(reverse("admin:town_run_changelist"))
-        summaries, rows = runs_compare(runs=runs)
+        try:
+            ordered = runs_baseline_first(runs=runs, baseline=request.GET.get("baseline"))
+        except TownError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            ordered = runs
+        summaries, rows = runs_compare(runs=ordered)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": f"Compare runs {', '.join(str(r.pk) for r in runs)}",
-            "runs": list(zip(runs, summaries, strict=True)),
+            "ids": ",".join(str(r.pk) for r in runs),
+            "choices": runs,
+            "baseline": ordered[0],
+            "length_warning": runs_length_warning(runs=runs),
+            "runs": list(zip(ordered, summaries, strict=True)),
             "rows": rows,
         }
         return TemplateResponse(request, "admin/town/run/compare.html", context)
@@ -210,6 +281,12 @@ DECISION_METRICS = [
     "metrics",
 ]
 DECISION_TIMELINE = ["dispatched_at", "started_at", "computed_at", "applied_at"]
+DECISION_FLOAT_FIELDS = [f.name for f in Decision._meta.fields if isinstance(f, FloatField)]
+
+
+def _rounded_name(name: str) -> str:
+    """A float field's rounded display on DecisionAdmin (rounded_field), else the field."""
+    return f"{name}_rounded" if name in DECISION_FLOAT_FIELDS else name
 
 
 def _breakpoint_label(message: dict) -> str:
@@ -230,21 +307,17 @@ def _message_blocks(messages_: list[dict]):
 
 @admin.register(Decision)
 class DecisionAdmin(admin.ModelAdmin):
+    # Narrow enough for a 1280 px screen beside the nav sidebar and the filters; the prompt
+    # tokens show on hovering the cache hit, the rest on the decision's page.
     list_display = [
         "id",
-        "run",
-        "tick_index",
+        "run_tick",
         "resident",
-        "node",
         "status",
-        "action",
-        "target",
+        "choice",
         "valid",
-        "retries",
-        "num_prompt_tokens",
-        "num_cached_tokens",
         "cache_hit",
-        "app_e2e_s",
+        "e2e_s",
     ]
     list_filter = ["run", "resident", "node", "valid", "action", "status", "finish_reason"]
     search_fields = ["resident__name", "reason", "raw_output", "error", "target"]
@@ -267,24 +340,48 @@ class DecisionAdmin(admin.ModelAdmin):
         ),
         ("Prompt", {"fields": ["prompt", "prompt_hash", "head_hash", "schema"]}),
         ("Output", {"fields": ["raw_output", "finish_reason", "output_token_ids"]}),
-        ("Engine metrics (vLLM definitions)", {"fields": DECISION_METRICS}),
+        (
+            "Engine metrics (vLLM definitions)",
+            {"fields": [_rounded_name(name) for name in DECISION_METRICS]},
+        ),
         ("Timeline", {"fields": DECISION_TIMELINE}),
     ]
 
+    # The float fields, rounded (the metrics JSON keeps every digit).
+    queue_s_rounded = rounded_field("queue_s")
+    prefill_s_rounded = rounded_field("prefill_s")
+    decode_s_rounded = rounded_field("decode_s")
+    ttft_s_rounded = rounded_field("ttft_s")
+    engine_e2e_s_rounded = rounded_field("engine_e2e_s")
+    app_e2e_s_rounded = rounded_field("app_e2e_s")
+    app_latency_s_rounded = rounded_field("app_latency_s")
+    e2e_s = rounded_field("app_e2e_s", "e2e s")  # the list's short header
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Decision]:
+        # Its title names the resident and the tick's index (Decision.__str__).
+        return super().get_queryset(request).select_related("run", "tick", "resident")
+
     def get_readonly_fields(self, request, obj=None):
         # A decision is a record of what happened: nothing on it is edited by hand.
-        return [f.name for f in Decision._meta.fields] + ["prompt", "schema"]
+        rounded = [_rounded_name(name) for name in DECISION_FLOAT_FIELDS]
+        return [f.name for f in Decision._meta.fields] + ["prompt", "schema", *rounded]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.display(description="tick", ordering="tick__index")
-    def tick_index(self, decision: Decision) -> int:
-        return decision.tick.index
+    @admin.display(description="run·tick", ordering="tick__index")
+    def run_tick(self, decision: Decision) -> str:
+        return f"{decision.run_id} · {decision.tick.index}"
 
-    @admin.display(description="cache hit")
+    @admin.display(description="choice", ordering="action")
+    def choice(self, decision: Decision) -> str:
+        if not decision.action:
+            return "-"
+        return _truncated(f"{decision.action} → {decision.target}", 20)
+
+    @admin.display(description="hit")
     def cache_hit(self, decision: Decision) -> str:
-        return _percent(decision.num_cached_tokens, decision.num_prompt_tokens)
+        return percent_html(decision.num_cached_tokens, decision.num_prompt_tokens)
 
     @admin.display(description="JSON schema")
     def schema(self, decision: Decision) -> str:

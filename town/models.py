@@ -246,6 +246,7 @@ class Memory(models.Model):
 
     class Meta:
         ordering = ["-id"]  # recent first
+        verbose_name_plural = "memories"
 
 
 class Tick(models.Model):
@@ -358,7 +359,8 @@ class Decision(models.Model):
         indexes = [models.Index(fields=["run", "status"])]
 
     def __str__(self) -> str:
-        return f"decision {self.pk} ({self.resident_id} @ tick {self.tick_id}: {self.status})"
+        # The tick's index within its run, as every page and the API show it: not its row id.
+        return f"decision {self.pk} ({self.resident.name} @ tick {self.tick.index}: {self.status})"
 
 
 class RunEvent(models.Model):

@@ -8,6 +8,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from town.errors import TownError
 from town.models import Decision, ResidentState, Run
 from town.selectors import RunSummary, run_summary
 from town.services.experiments import Experiment, StepResult
@@ -137,6 +138,35 @@ def runs_compare(*, runs: list[Run]) -> tuple[list[RunSummary], list[CompareRow]
             )
         )
     return summaries, rows
+
+
+def runs_baseline_first(*, runs: list[Run], baseline: str | None) -> list[Run]:
+    """`runs` with the baseline run first (runs_compare sets each against the first); `baseline`
+    is a run id as a query string gives it, None or "" for the first run. TownError when it
+    is not one of the runs."""
+    if not baseline:
+        return runs
+    by_id = {str(run.pk): run for run in runs}
+    chosen = by_id.get(baseline.strip())
+    if chosen is None:
+        raise TownError(
+            f"baseline={baseline!r} is not one of the compared runs ({', '.join(by_id)}); "
+            f"pick one of them. Comparing against run {runs[0].pk}."
+        )
+    return [chosen, *(run for run in runs if run is not chosen)]
+
+
+def runs_length_warning(*, runs: list[Run]) -> str:
+    """Why runs that ticked a different number of times compare unlike with unlike; "" when
+    they all did the same number of ticks."""
+    if len({run.num_ticks_done for run in runs}) <= 1:
+        return ""
+    lengths = ", ".join(f"run {run.pk}: {run.num_ticks_done}" for run in runs)
+    return (
+        f"These runs differ in length (ticks done: {lengths}). Their numbers cover different "
+        "stretches of the town's days and different cache warmth, so a difference is not the "
+        "layout's alone: compare runs of the same length (ticks_target)."
+    )
 
 
 def experiment_table(*, experiment: Experiment) -> str:

@@ -2,11 +2,13 @@
 token counts, a run's charts (data and, in Debian's chromium, drawn), and the compare action.
 
 Screenshots: `POKOMACHI_SCREENSHOT_DIR=docs .venv/bin/pytest tests/town/test_admin.py -k chromium`
-writes docs/admin-run-charts.png and docs/admin-compare.png.
+writes docs/admin-run-charts.png and docs/admin-compare.png (and the lists and a run's page at
+1280 px wide, admin-*-1280.png).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Permission
+from django.core.management import call_command
 
 from town import services
 from town.models import Decision, Run
@@ -240,6 +244,20 @@ def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp
         page.goto(f"{live_server.url}/admin/town/run/compare/?ids={ids}")
         assert "pt" in page.inner_text("#pk-compare-table")
         page.locator("#content").screenshot(path=str(out_dir / "admin-compare.png"))
+        # The lists fit a 1280 px wide screen: neither the page nor the list's own box (the
+        # admin's .results, which scrolls sideways rather than widen the page) scrolls.
+        page.set_viewport_size({"width": 1280, "height": 900})
+        for name, path in [("runs", "run"), ("decisions", "decision")]:
+            page.goto(f"{live_server.url}/admin/town/{path}/")
+            widths = page.evaluate(
+                """() => { const r = document.querySelector('#changelist .results');
+                           return [document.documentElement.scrollWidth, r.scrollWidth,
+                                   r.clientWidth]; }"""
+            )
+            page.screenshot(path=str(out_dir / f"admin-{name}-1280.png"))
+            assert widths[0] <= 1280 and widths[1] <= widths[2], (name, widths)
+        page.goto(f"{live_server.url}/admin/town/run/{runs[1].pk}/change/")
+        page.screenshot(path=str(out_dir / "admin-run-page-1280.png"))
         browser.close()
     assert (out_dir / "admin-run-charts.png").stat().st_size > 10_000
 
@@ -253,3 +271,131 @@ def test_run_list_shows_each_runs_hit_rate_from_one_query(
     with django_assert_max_num_queries(12):  # the same however many runs and decisions
         page = admin_client.get("/admin/town/run/").content.decode()
     assert "40.0%" in page and "0.0%" in page
+
+
+def _control_forms(page: str) -> list[str]:
+    return re.findall(r'action="/admin/town/run/\d+/control/(\w+)/"', page)
+
+
+def test_a_created_run_is_editable_and_offers_start_step_stop(admin_client, db):
+    run = services.run_create(town=small_town_factory(), nodes=["local"])
+    page = admin_client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
+    assert 'name="layout"' in page and 'name="_save"' in page
+    assert _control_forms(page) == ["start", "step", "stop"]
+    form = {"town": run.town_id, "layout": "naive", "model": run.model, "nodes": '["local"]'}
+    form |= {"concurrency": 2, "seed": 0, "diary_chars": 0, "temperature": 0.0, "max_tokens": 99}
+    form |= {"start_minutes": 420, "minutes_per_tick": 60, "decision_timeout_s": 60.0}
+    form |= {"quality": "{}"}
+    response = admin_client.post(f"/admin/town/run/{run.pk}/change/", form)
+    assert response.status_code == 302, response.content.decode()
+    run.refresh_from_db()
+    assert (run.layout, run.concurrency, run.max_tokens) == ("naive", 2, 99)
+
+
+def test_a_started_run_is_read_only_and_its_buttons_call_the_services(admin_client, db):
+    run = services.run_create(town=small_town_factory(), nodes=["local"], concurrency=3)
+    response = admin_client.post(f"/admin/town/run/{run.pk}/control/start/", follow=True)
+    page = response.content.decode()
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and f"Run {run.pk}: start → running" in page
+    # Shown, not editable: no inputs, no save button; the settings still read.
+    assert 'name="concurrency"' not in page and 'name="_save"' not in page
+    assert '<div class="readonly">3</div>' in page
+    assert _control_forms(page) == ["pause", "stop"]
+    assert 'name="csrfmiddlewaretoken"' in page.split('id="pk-run-controls"')[1]
+    edit = admin_client.post(f"/admin/town/run/{run.pk}/change/", {"concurrency": 9})
+    assert edit.status_code == 403
+    admin_client.post(f"/admin/town/run/{run.pk}/control/pause/")
+    run.refresh_from_db()
+    assert run.status == Run.Status.PAUSED
+    page = admin_client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
+    assert _control_forms(page) == ["resume", "step", "stop"]
+    admin_client.post(f"/admin/town/run/{run.pk}/control/step/")
+    run.refresh_from_db()
+    assert (run.status, run.num_steps_pending) == (Run.Status.PAUSED, 1)
+
+
+def test_run_buttons_refuse_clearly(admin_client, django_user_model, client, db):
+    run = services.run_create(town=small_town_factory(), nodes=["local"])
+    services.run_stop(run=run)
+    url = f"/admin/town/run/{run.pk}/control"
+    assert admin_client.get(f"{url}/resume/").status_code == 405  # POST only
+    page = admin_client.post(f"{url}/pause/", follow=True).content.decode()
+    assert f"Cannot pause run {run.pk}: it is stopped" in page
+    page = admin_client.post(f"{url}/explode/", follow=True).content.decode()
+    assert "Unknown control &#x27;explode&#x27;; use start, pause, resume, step, stop" in page
+    page = admin_client.post("/admin/town/run/999999/control/start/", follow=True)
+    assert "No run with id &#x27;999999&#x27;" in page.content.decode()
+    run.refresh_from_db()
+    assert run.status == Run.Status.STOPPED
+    # Staff who may only look at runs get no buttons, and the URL refuses them.
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
+    client.force_login(viewer)
+    page = client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
+    assert _control_forms(page) == [] and "needs the change permission" in page
+    assert client.post(f"{url}/resume/").status_code == 403
+
+
+def test_run_page_puts_controls_and_charts_before_the_form(admin_client, db):
+    run = _answered_run(small_town_factory(), "shared_head", [0, 500])
+    page = admin_client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
+    order = [page.index(mark) for mark in ['id="pk-run-controls"', 'id="pk-run-charts"']]
+    assert order == sorted(order) and order[-1] < page.index('id="run_form"')
+
+
+def test_memories_are_memories_and_the_models_need_no_migration(admin_client, db):
+    page = admin_client.get("/admin/town/").content.decode()
+    assert "Memories" in page and "Memorys" not in page
+    call_command("makemigrations", "town", "--check", "--dry-run", stdout=io.StringIO())
+
+
+def test_a_decisions_title_says_the_ticks_index_not_its_id(admin_client, db):
+    town = small_town_factory()
+    _answered_run(town, "naive", [0])
+    run = _answered_run(town, "shared_head", [0])  # its tick 0 is the second tick row
+    decision = run.decisions.order_by("id")[0]
+    assert decision.tick.index == 0 and decision.tick_id != 0
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert f"decision {decision.pk} (Aki @ tick 0: computed)" in page
+    assert str(decision) == f"decision {decision.pk} (Aki @ tick 0: computed)"
+
+
+def test_floats_are_rounded_with_the_full_value_on_hover(admin_client, db):
+    run = _answered_run(small_town_factory(), "shared_head", [333])
+    decision = run.decisions.get(num_prompt_tokens__isnull=False)
+    Decision.objects.filter(pk=decision.pk).update(app_e2e_s=4.567891234, prefill_s=0.0123456789)
+    listed = admin_client.get(f"/admin/town/decision/?run__id__exact={run.pk}").content.decode()
+    assert '<span title="4.567891234">4.57</span>' in listed
+    assert '<span title="333 / 1,000">33.3%</span>' in listed
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert '<span title="0.0123456789">0.0123</span>' in page
+    assert '<span title="4.567891234">4.57</span>' in page
+    runs = admin_client.get("/admin/town/run/").content.decode()
+    assert '<span title="333 / 1,000">33.3%</span>' in runs
+
+
+def test_compare_warns_of_runs_of_different_lengths_and_takes_a_baseline(admin_client, db):
+    town = small_town_factory()
+    naive = _answered_run(town, "naive", [0, 0, 0, 0])
+    shared = _answered_run(town, "shared_head", [500, 500, 500, 500])
+    url = f"/admin/town/run/compare/?ids={naive.pk},{shared.pk}"
+    page = admin_client.get(url).content.decode()
+    assert 'id="pk-length-warning"' not in page
+    assert f'<option value="{naive.pk}" selected>' in page
+
+    Run.objects.filter(pk=shared.pk).update(num_ticks_done=3)
+    page = admin_client.get(f"{url}&baseline={shared.pk}").content.decode()
+    warning = page.split('id="pk-length-warning">')[1].split("</p>")[0]
+    assert f"run {naive.pk}: 0, run {shared.pk}: 3" in warning
+    assert f'<option value="{shared.pk}" selected>' in page
+    table = page.split('id="pk-compare-table"')[1]
+    assert table.index(f"run {shared.pk}</a>") < table.index(f"run {naive.pk}</a>")
+    assert "-50.00 pt" in table  # naive against shared_head now
+
+    for bad in ["abc", "999999"]:
+        response = admin_client.get(f"{url}&baseline={bad}")
+        assert response.status_code == 200
+        page = response.content.decode()
+        assert f"Baseline=&#x27;{bad}&#x27; is not one of the compared runs" in page
+        assert f"Comparing against run {naive.pk}." in page and "+50.00 pt" in page

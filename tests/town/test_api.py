@@ -344,7 +344,8 @@ def test_a_decision_asked_through_the_api_runs_on_a_worker_and_the_tick_keeps_it
     assert done["worker"] == worker.hostname and done["node"] == worker.queue
     assert done["num_prompt_tokens"] > 500 and done["num_output_tokens"] > 0
     assert done["prefill_s"] > 0 and done["engine_e2e_s"] > 0 and done["app_e2e_s"] > 0
-    json.loads(done["raw_output"])  # schema-constrained, even from the tiny model
+    chosen = json.loads(done["raw_output"])  # schema-constrained, even from the tiny model
+    assert (done["action"], done["target"]) == (chosen["action"], chosen["target"])  # not applied
 
     # Stepping the run finishes that tick: the asked decision is applied as it was computed.
     assert api.post(f"/api/runs/{run.pk}/start/").status_code == 200
@@ -354,3 +355,42 @@ def test_a_decision_asked_through_the_api_runs_on_a_worker_and_the_tick_keeps_it
     assert applied["status"] == "applied" and applied["raw_output"] == done["raw_output"]
     assert applied["computed_at"] == done["computed_at"]
     assert Decision.objects.filter(run=run, status=D.APPLIED).count() == 10
+
+
+def test_a_decision_shows_its_choice_once_computed_before_it_is_applied(api, db):
+    town = small_town_factory()
+    run = services.run_create(town=town, nodes=["local"])
+    aki = town.residents.get(name="Aki")
+    url = api.post("/api/decisions/", {"run": run.pk, "resident": aki.pk}, format="json")[
+        "Location"
+    ]
+    queued = api.get(url).json()
+    assert (queued["status"], queued["action"], queued["target"], queued["reason"]) == (
+        "queued",
+        "",
+        "",
+        "",
+    )
+    # What the node's worker does with the message (on this process's engine, the tiny model).
+    decision_id = queued["id"]
+    assert services.decision_compute(decision_id=decision_id, worker="test")
+    computed = api.get(url).json()
+    chosen = json.loads(computed["raw_output"])
+    assert computed["status"] == "computed" and computed["valid"] is None
+    assert computed["action"] == chosen["action"] != ""
+    assert (computed["target"], computed["reason"]) == (chosen["target"], chosen["reason"])
+    listed = api.get(f"/api/decisions/?run={run.pk}&status=computed").json()["results"]
+    assert [(d["id"], d["action"]) for d in listed] == [(decision_id, chosen["action"])]
+    # The stored fields still say nothing until the tick applies it.
+    assert Decision.objects.get(pk=decision_id).action == ""
+
+    # An answer outside the schema shows no choice (the tick records why when it applies it).
+    Decision.objects.filter(pk=decision_id).update(raw_output='{"action": "fly"}')
+    broken = api.get(url).json()
+    assert (broken["status"], broken["action"], broken["target"]) == ("computed", "", "")
+    # Applied: what the tick stored.
+    Decision.objects.filter(pk=decision_id).update(
+        status=D.APPLIED, action="stay", target="Home A", reason="tired", valid=True
+    )
+    applied = api.get(url).json()
+    assert (applied["action"], applied["target"], applied["reason"]) == ("stay", "Home A", "tired")

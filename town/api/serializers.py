@@ -22,6 +22,7 @@ from town.models import (
 from town.rules.clock import hours_label
 from town.rules.prompts import LAYOUTS
 from town.selectors import run_summaries, run_summary
+from town.services.choices import decision_choice
 
 # Bounds on a run's settings: far above any sensible run, far below what breaks something.
 MAX_CONCURRENCY = 256  # decisions in flight
@@ -261,6 +262,12 @@ class DecisionSerializer(serializers.HyperlinkedModelSerializer):
         fields = DECISION_LIST_FIELDS
         read_only_fields = fields
         extra_kwargs = {"url": {"view_name": "api:decision-detail"}}
+
+    def to_representation(self, decision: Decision) -> dict[str, Any]:
+        # The choice shows once computed, before the tick applies it (services.decision_choice).
+        data = super().to_representation(decision)
+        data.update(dataclasses.asdict(decision_choice(decision=decision)))
+        return data
 
 
 class DecisionDetailSerializer(DecisionSerializer):

@@ -170,7 +170,7 @@ class TickViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
 
 
 class DecisionViewSet(_Base, mixins.ListModelMixin, mixins.RetrieveModelMixin):
-    queryset = Decision.objects.select_related("tick", "resident").order_by("id")
+    queryset = Decision.objects.select_related("run", "tick", "resident").order_by("id")
     filterset_class = DecisionFilter
 
     def get_serializer_class(self):

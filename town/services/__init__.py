@@ -1,21 +1,22 @@
 """The town's business logic, as keyword-only services (HackSoft style).
 
 runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, resend,
-compute, time out and apply one resident's decision.
+compute, time out and apply one resident's decision; choices: read what a decision chose.
 """
 
+from town.services.choices import decision_choice, decision_parse
 from town.services.decisions import (
     decision_apply,
     decision_compute,
     decision_dispatch,
     decision_fail,
-    decision_parse,
     decision_resend,
     decision_resend_due,
     decision_time_out,
 )
 from town.services.runs import (
     RUN_CONTROLS,
+    run_controls_available,
     run_create,
     run_lease_release,
     run_lease_take,
@@ -31,6 +32,7 @@ from town.services.ticks import tick_begin, tick_finish
 __all__ = [
     "RUN_CONTROLS",
     "decision_apply",
+    "decision_choice",
     "decision_compute",
     "decision_dispatch",
     "decision_fail",
@@ -38,6 +40,7 @@ __all__ = [
     "decision_resend",
     "decision_resend_due",
     "decision_time_out",
+    "run_controls_available",
     "run_create",
     "run_lease_release",
     "run_lease_take",

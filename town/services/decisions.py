@@ -17,14 +17,12 @@ a process never begins a decision it is computing already.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import jsonschema
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -38,6 +36,7 @@ from town.models import Decision
 from town.rules.actions import action_problem
 from town.rules.effects import Note, action_apply
 from town.rules.world import World
+from town.services.choices import decision_parse
 
 logger = logging.getLogger(__name__)
 
@@ -274,23 +273,6 @@ def decision_time_out(*, decision: Decision) -> bool:
         status=D.TIMED_OUT,
         error=f"no answer within {decision.run.decision_timeout_s:g} s; the resident stays put",
     )
-
-
-def decision_parse(*, decision: Decision) -> tuple[dict[str, Any] | None, str]:
-    """The decision's JSON if it is valid within its schema, else (None, what is wrong)."""
-    if decision.status not in (D.COMPUTED, D.APPLIED):
-        return None, decision.error or f"no answer ({decision.status})"
-    if decision.finish_reason == "length":
-        return None, f"output cut off at max_tokens ({decision.run.max_tokens}): raise max_tokens"
-    try:
-        value = json.loads(decision.raw_output)
-    except json.JSONDecodeError as exc:
-        return None, f"output is not JSON: {exc}"
-    try:
-        jsonschema.validate(value, decision.json_schema)
-    except jsonschema.ValidationError as exc:
-        return None, f"output is outside the decision schema: {exc.message}"
-    return value, ""
 
 
 def decision_apply(*, world: World, decision: Decision) -> list[Note]:

@@ -154,8 +154,19 @@ def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
-def _require(run: Run, allowed: tuple[str, ...], verb: str, hint: str) -> None:
-    if run.status not in allowed:
+# The statuses each control acts on: its service checks them, and the admin shows a run's page
+# only the buttons that apply.
+RUN_CONTROL_STATUSES = {
+    "start": (S.CREATED,),
+    "pause": (S.RUNNING,),
+    "resume": (S.PAUSED, S.STOPPED),
+    "step": (S.CREATED, S.PAUSED, S.STOPPED),
+    "stop": (S.CREATED, S.RUNNING, S.PAUSED),
+}
+
+
+def _require(run: Run, verb: str, hint: str) -> None:
+    if run.status not in RUN_CONTROL_STATUSES[verb]:
         raise RunStateError(f"cannot {verb} run {run.pk}: it is {run.status}; {hint}")
 
 
@@ -168,7 +179,7 @@ def _save(run: Run, *fields: str) -> Run:
 @transaction.atomic
 def run_start(*, run: Run) -> Run:
     run = _locked(run)
-    _require(run, (S.CREATED,), "start", "a paused or stopped run is resumed, not started")
+    _require(run, "start", "a paused or stopped run is resumed, not started")
     run.status, run.started_at = S.RUNNING, timezone.now()
     return _save(run, "started_at")
 
@@ -177,7 +188,7 @@ def run_start(*, run: Run) -> Run:
 def run_pause(*, run: Run) -> Run:
     """Pause after the tick in progress; a paused run can be stepped or resumed."""
     run = _locked(run)
-    _require(run, (S.RUNNING,), "pause", "only a running run can be paused")
+    _require(run, "pause", "only a running run can be paused")
     run.status = S.PAUSED
     return _save(run)
 
@@ -186,7 +197,7 @@ def run_pause(*, run: Run) -> Run:
 def run_resume(*, run: Run) -> Run:
     """Run again from the last complete tick (a tick left half-done is finished first)."""
     run = _locked(run)
-    _require(run, (S.PAUSED, S.STOPPED), "resume", "start a created run; a finished one is done")
+    _require(run, "resume", "start a created run; a finished one is done")
     run.status, run.num_steps_pending = S.RUNNING, 0
     return _save(run, "num_steps_pending")
 
@@ -195,7 +206,7 @@ def run_resume(*, run: Run) -> Run:
 def run_step(*, run: Run) -> Run:
     """One more tick, then paused again."""
     run = _locked(run)
-    _require(run, (S.CREATED, S.PAUSED, S.STOPPED), "step", "pause a running run first")
+    _require(run, "step", "pause a running run first")
     run.status = S.PAUSED
     run.num_steps_pending += 1
     run.started_at = run.started_at or timezone.now()
@@ -206,7 +217,7 @@ def run_step(*, run: Run) -> Run:
 def run_stop(*, run: Run) -> Run:
     """Stop after the tick in progress; a stopped run can be resumed later."""
     run = _locked(run)
-    _require(run, (S.CREATED, S.RUNNING, S.PAUSED), "stop", "it is not going")
+    _require(run, "stop", "it is not going")
     run.status, run.num_steps_pending = S.STOPPED, 0
     return _save(run, "num_steps_pending")
 
@@ -220,6 +231,11 @@ RUN_CONTROLS = {
     "step": run_step,
     "stop": run_stop,
 }
+
+
+def run_controls_available(*, run: Run) -> list[str]:
+    """The controls that apply to `run` as it is now, in RUN_CONTROLS order."""
+    return [name for name in RUN_CONTROLS if run.status in RUN_CONTROL_STATUSES[name]]
 
 
 def run_lease_take(*, run: Run, owner: str, seconds: float) -> bool:
