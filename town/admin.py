@@ -36,7 +36,14 @@ from town.models import (
     Tick,
     Town,
 )
-from town.reports import run_chart_data, runs_baseline_first, runs_compare, runs_length_warning
+from town.quality import TownQuality
+from town.reports import (
+    run_chart_data,
+    runs_baseline_first,
+    runs_compare,
+    runs_length_warning,
+    runs_quality_rows,
+)
 from town.rules.prompts import num_shared_messages
 from town.selectors import run_summary
 
@@ -169,6 +176,7 @@ class RunAdmin(admin.ModelAdmin):
                 "can_control": super().has_change_permission(request),
                 "summary_rows": run_summary(run=run).rows(),
                 "chart_data": run_chart_data(run=run),
+                "quality": TownQuality.from_json(run.quality),
             }
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -235,6 +243,7 @@ class RunAdmin(admin.ModelAdmin):
             "length_warning": runs_length_warning(runs=runs),
             "runs": list(zip(ordered, summaries, strict=True)),
             "rows": rows,
+            "quality_rows": runs_quality_rows(runs=ordered),
         }
         return TemplateResponse(request, "admin/town/run/compare.html", context)
 

@@ -162,6 +162,14 @@ class TownQuality:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TownQuality | None:
+        """The measures kept on a run (Run.quality), or None when it was never measured."""
+        if not data:
+            return None
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) lines for a person, in the issue's order."""
         took = self.need_addressed

@@ -10,6 +10,7 @@ from typing import Any
 
 from town.errors import TownError
 from town.models import Decision, ResidentState, Run
+from town.quality import TownQuality
 from town.selectors import RunSummary, run_summary
 from town.services.experiments import Experiment, StepResult
 
@@ -225,3 +226,16 @@ def _mean_lost(*, run: Run, reason: str) -> float:
     )
     values = [int((lost or {}).get(reason, 0)) for lost in rows]
     return sum(values) / len(values) if values else 0.0
+
+
+def runs_quality_rows(*, runs: list[Run]) -> list[tuple[str, list[str]]]:
+    """The decision-quality rows (town_quality) for `runs` side by side; [] when none of them
+    was measured, '-' for a run that was not."""
+    measured = [TownQuality.from_json(run.quality) for run in runs]
+    if not any(measured):
+        return []
+    template = next(q for q in measured if q is not None)
+    rows = []
+    for i, (label, _) in enumerate(template.rows()):
+        rows.append((label, [q.rows()[i][1] if q else "-" for q in measured]))
+    return rows

@@ -399,3 +399,23 @@ def test_compare_warns_of_runs_of_different_lengths_and_takes_a_baseline(admin_c
         page = response.content.decode()
         assert f"Baseline=&#x27;{bad}&#x27; is not one of the compared runs" in page
         assert f"Comparing against run {naive.pk}." in page and "+50.00 pt" in page
+
+
+def test_run_page_and_compare_show_the_decision_quality_once_measured(admin_client, db):
+    town = small_town_factory()
+    measured = _answered_run(town, "shared_head", [0, 500])
+    other = _answered_run(town, "naive", [0, 0])
+    page = admin_client.get(f"/admin/town/run/{measured.pk}/change/").content.decode()
+    assert f"manage.py town_quality --run {measured.pk}" in page  # not measured yet
+    Decision.objects.filter(run=measured).update(
+        status=D.APPLIED, action="stay", target="Home", valid=True, reason="I am comfy here."
+    )
+    call_command("town_quality", "--run", str(measured.pk), stdout=io.StringIO())
+    page = admin_client.get(f"/admin/town/run/{measured.pk}/change/").content.decode()
+    quality = page.split('id="pk-run-quality"')[1].split("</fieldset>")[0]
+    assert "echo rate" in quality and "0.0%" in quality
+    assert "sampled decisions" in quality and "I am comfy here." in quality
+    url = f"/admin/town/run/compare/?ids={measured.pk},{other.pk}"
+    table = admin_client.get(url).content.decode().split('id="pk-quality-table"')[1]
+    row = re.search(r"<tr><td>distinct actions</td><td>(.*?)</td><td>(.*?)</td>", table)
+    assert row.group(1).startswith("1 ") and row.group(2) == "-"  # the naive run: not measured
