@@ -20,7 +20,7 @@ from town import services
 from town.demo import demo_town_create
 from town.models import Place, ResidentState
 
-pytest.importorskip(
+sync_api = pytest.importorskip(
     "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
 )
 
@@ -91,9 +91,13 @@ def _check_layout(page, map_js: str, *, kind: str, width_name: str) -> dict:
     """Wait for every resident's box of `kind` to exist, let two frames lay them out, then
     measure and fail on any box over a place's name, over another box, off the map, or far
     from its resident."""
-    page.wait_for_function(
-        f"document.querySelectorAll('.{kind}').length === {NUM_RESIDENTS}", timeout=30_000
-    )
+    try:
+        page.wait_for_function(
+            f"document.querySelectorAll('.{kind}').length === {NUM_RESIDENTS}", timeout=30_000
+        )
+    except sync_api.TimeoutError:
+        found = page.evaluate(f"document.querySelectorAll('.{kind}').length")
+        pytest.fail(f"{width_name}: {found} .{kind} boxes in the page, not {NUM_RESIDENTS}")
     page.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
     m = page.evaluate(MEASURE_JS, page.evaluate_handle(map_js))
     assert m["kinds"] == [kind] * NUM_RESIDENTS, m["kinds"]
