@@ -5,8 +5,9 @@
 // below, then the same directions farther out — and takes the first spot, within the map,
 // that overlaps no place label and no box placed before it. Boxes are placed in the order
 // given (most important first); one that finds no spot is left out (hidden), so a crowded
-// phone screen shows the selected and the newest ones, never a pile. Covering other
-// residents' figures is allowed only when every free spot would: it costs, it is not refused.
+// phone screen shows the selected and the newest ones, never a pile. Covering residents'
+// figures or buildings is allowed only when every free spot would: it costs (by each
+// obstacle's weight), it is not refused.
 (function () {
   const GAP = 6; // between a box and what it avoids
   const RINGS = [0, 22, 46, 74, 106]; // how much farther out each round of candidates goes
@@ -55,20 +56,15 @@
     };
   }
 
-  /**
-   * items: [{id, w, h, anchor: {hx, top, bottom}, previous}] in priority order; `previous` is
-   *   the candidate the box took last frame, tried first so that boxes do not hop about.
-   * labels: rectangles no box may overlap. figures: rectangles a box avoids if it can.
-   * bounds: {w, h} of the map.
-   * Returns Map id -> {x, y, w, h, side, index}; an item missing from it has no room.
-   */
-  function placeBoxes(items, { labels, figures, bounds }) {
+  // One greedy pass: each box, in order, takes the cheapest free candidate (the first free
+  // one that covers nothing soft, else the least costly).
+  function placeGreedy(items, labels, soft, bounds) {
     const placed = [];
     const result = new Map();
     for (const item of items) {
       const { w, h } = item;
       const blocked = (r) => labels.some((l) => overlaps(r, l, GAP)) || placed.some((p) => overlaps(r, p, GAP));
-      const cost = (r) => figures.filter((f) => overlaps(r, f)).length;
+      const cost = (r) => soft.reduce((sum, s) => sum + (overlaps(r, s) ? s.weight : 0), 0);
       let best = null;
       let bestCost = Infinity;
       const spots = candidates(w, h, item.anchor).map((spot, index) => ({ ...spot, index }));
@@ -88,6 +84,26 @@
       }
     }
     return result;
+  }
+
+  /**
+   * items: [{id, w, h, anchor: {hx, top, bottom}, previous}] in priority order; `previous` is
+   *   the candidate the box took last frame, tried first so that boxes do not hop about.
+   * labels: rectangles no box may overlap.
+   * soft: lists of rectangles with a weight, which a box keeps clear of if it can, the most
+   *   expendable list last (e.g. [figures, buildings]): when keeping clear of all of them would
+   *   leave a box out, the last list is given up first, and so on.
+   * bounds: {w, h} of the map.
+   * Returns Map id -> {x, y, w, h, side, index}; an item missing from it has no room.
+   */
+  function placeBoxes(items, { labels, soft, bounds }) {
+    let best = null;
+    for (let keep = soft.length; keep >= 0; keep--) {
+      const result = placeGreedy(items, labels, soft.slice(0, keep).flat(), bounds);
+      if (!best || result.size > best.size) best = result;
+      if (best.size === items.length) break;
+    }
+    return best;
   }
 
   window.TownLayout = { placeBoxes, overlaps };

@@ -236,11 +236,9 @@
       }
       positions.sort((a, b) => a[1].y - b[1].y);
       for (const [figure, p] of positions) this.drawFigure(ctx, figure, p, now);
-      const placed = this.overlay.sync(
-        this.boxItems(positions, now),
-        positions.map(([figure, p]) => this.figureBox(figure, p).rect),
-        { w: this.width, h: this.height },
-      );
+      const placed = this.overlay.sync(this.boxItems(positions, now), this.softObstacles(positions), {
+        w: this.width, h: this.height,
+      });
       let thinkingDrawn = 0;
       let bubblesDrawn = 0;
       for (const [figure, p] of positions) {
@@ -263,6 +261,18 @@
       const top = p.y - r * 3;
       const bottom = p.y + r * 1.3 + (p.moving ? 0 : (figure.slot % 3) * 10) + 11;
       return { r, anchor: { hx: p.x, top, bottom }, rect: { x: p.x - 14, y: top, w: 28, h: bottom - top } };
+    }
+
+    // What a bubble should rather not cover: the residents, then (given up first when room is
+    // short) the buildings.
+    softObstacles(positions) {
+      const figures = positions.map(([figure, p]) => ({ ...this.figureBox(figure, p).rect, weight: 1 }));
+      const { w, h } = this.buildingSize();
+      const buildings = [...this.places.values()].map((place) => {
+        const c = this.toCanvas(place.x, place.y);
+        return { x: c.x - w / 2 - 4, y: c.y - h / 2 - h * 0.55, w: w + 8, h: h * 1.55, weight: 1 };
+      });
+      return [figures, buildings];
     }
 
     // Who has something to show, most important first: the selected resident, then whoever
@@ -404,7 +414,16 @@
       ctx.fillStyle = "#fff";
       if (figure.thinking) {
         ctx.lineWidth = 1.2;
-        for (const [k, radius] of [[0.35, 2], [0.7, 3]]) {
+        ctx.setLineDash([2, 4]);
+        ctx.beginPath();
+        ctx.moveTo(hx, hy);
+        ctx.lineTo(tx, ty);
+        ctx.stroke();
+        ctx.setLineDash([]);
+        const length = Math.hypot(tx - hx, ty - hy);
+        for (const [along, radius] of [[5, 2], [12, 3]]) { // a cloud's trail near the head
+          if (along + radius > length) break;
+          const k = along / length;
           ctx.beginPath();
           ctx.arc(hx + (tx - hx) * k, hy + (ty - hy) * k, radius, 0, 2 * Math.PI);
           ctx.fill();

@@ -95,17 +95,18 @@
 
     /**
      * Show this frame's boxes. items: [{id, kind: "bubble"|"thought", text, color, opacity,
-     * anchor}] most important first (see layout.js for anchor); figures: rectangles to keep
-     * clear if possible; bounds: {w, h}. Returns Map id -> the rectangle each box got.
+     * anchor}] most important first (see layout.js for anchor); soft: lists of rectangles
+     * to keep clear if possible (layout.js); bounds: {w, h}. Returns Map id -> the rectangle
+     * each box got.
      */
-    sync(items, figures, bounds) {
+    sync(items, soft, bounds) {
       const wanted = new Set(items.map((i) => i.id));
       for (const [id, box] of this.boxes) if (!wanted.has(id)) { box.node.remove(); this.boxes.delete(id); }
       const layoutItems = items.map((item) => {
         const box = this.boxFor(item);
         return { id: item.id, w: box.w, h: box.h, anchor: item.anchor, previous: box.previous };
       });
-      const placed = placeBoxes(layoutItems, { labels: this.labelRects, figures, bounds });
+      const placed = placeBoxes(layoutItems, { labels: this.labelRects, soft, bounds });
       for (const item of items) {
         const box = this.boxes.get(item.id);
         const at = placed.get(item.id);
