@@ -2,17 +2,18 @@
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from inference.metrics import metrics_view
-from pokosite.views import healthz
+from pokosite import api_docs
+from pokosite.views import favicon, healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("api/schema/", api_docs.schema_view, name="api-schema"),
+    path("api/docs/", api_docs.swagger_view, name="api-docs"),
+    path("api/redoc/", api_docs.redoc_view, name="api-redoc"),
     path("api/", include("town.api.urls")),
     path("v1/", include("inference.openai_api.urls")),
     path("metrics", metrics_view, name="metrics"),

@@ -21,8 +21,9 @@ from pokosite.cloudflare_access.config import access_config
 from pokosite.cloudflare_access.gate import OPEN_PATH
 
 LOGIN_PATH = "/admin/login/"
-# The login page's own stylesheets live under /static/; the login page must render.
-OPEN_PREFIXES = (LOGIN_PATH, "/static/")
+# The login page's own stylesheets live under /static/; the login page must render (with the
+# favicon a browser asks for).
+OPEN_PREFIXES = (LOGIN_PATH, "/static/", "/favicon.ico")
 TOKEN_SCHEMES = ("bearer", "token")
 
 

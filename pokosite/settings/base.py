@@ -241,9 +241,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A town whose residents decide with an LLM served by our own engine.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Everything from this site (pokosite/api_docs.py): the sidecar package's copies of Swagger
+    # UI and Redoc under /static/, and no validator badge fetched from validator.swagger.io.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",  # unused: templates/api/redoc.html loads static/vendor/redoc
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "town.models.Run.Status",
         "TickStatusEnum": "town.models.Tick.Status",

@@ -1,7 +1,9 @@
 "use strict";
-// The town map on a canvas: places as labelled buildings (closed ones dimmed), residents as
-// figures that walk between them, a thinking indicator, speech bubbles. Drawing only: live.js
-// and replay.js say what changed. Map coordinates are the places' x, y (0..100).
+// The town map: on a canvas, places as buildings (closed ones dimmed) and residents as figures
+// that walk between them; over it (overlay.js) the places' names and the residents' speech
+// bubbles and thought clouds, laid out so that none hides a name or another (layout.js).
+// Drawing only: live.js and replay.js say what changed. Map coordinates are the places' x, y
+// (0..100).
 (function () {
   const KIND_COLORS = {
     kissaten: "#b07d56", cafe: "#d99a4e", bakery: "#e3b75f", bookshop: "#6f9a78",
@@ -16,25 +18,6 @@
 
   const ease = (t) => (t < 0.5 ? 2 * t * t : 1 - Math.pow(-2 * t + 2, 2) / 2);
 
-  function wrap(ctx, text, maxWidth, maxLines) {
-    const words = text.split(/\s+/);
-    const lines = [];
-    let line = "";
-    for (const word of words) {
-      const next = line ? line + " " + word : word;
-      if (ctx.measureText(next).width > maxWidth && line) {
-        lines.push(line);
-        line = word;
-        if (lines.length === maxLines) break;
-      } else {
-        line = next;
-      }
-    }
-    if (lines.length < maxLines && line) lines.push(line);
-    else if (line && lines.length === maxLines) lines[maxLines - 1] += "…";
-    return lines;
-  }
-
   class TownMap {
     constructor(canvas, { onSelect } = {}) {
       this.canvas = canvas;
@@ -43,9 +26,12 @@
       this.places = new Map(); // id -> place
       this.residents = new Map(); // id -> figure
       this.selectedId = null;
+      this.bubbleMs = BUBBLE_MS; // how long a bubble stays up (the browser test holds them)
+      this.overlay = new window.TownOverlay(canvas.parentElement);
       // What the last frame drew, for the browser test and for debugging.
       this.stats = {
         placesDrawn: 0, residentsDrawn: 0, walking: 0, walksStarted: 0, thinkingDrawn: 0,
+        bubblesDrawn: 0, boxesLeftOut: 0,
       };
       this.resize();
       new ResizeObserver(() => this.resize()).observe(canvas.parentElement);
@@ -71,6 +57,8 @@
         figure.toX = target.x;
         figure.toY = target.y;
       }
+      this.placeLabels();
+      this.overlay.remeasure();
     }
 
     // Map coordinates (0..100) to canvas pixels, keeping room for labels at the edges.
@@ -90,12 +78,26 @@
 
     setPlaces(places) {
       this.places = new Map(places.map((p) => [p.id, { ...p }]));
+      this.placeLabels();
       this.layout(false);
     }
 
     setOpen(openIds) {
       const open = new Set(openIds);
       for (const place of this.places.values()) place.is_open = open.has(place.id);
+      this.placeLabels();
+    }
+
+    // Each place's name (and Japanese name, or its hours when closed) under its building.
+    placeLabels() {
+      if (!this.overlay) return; // resize() from the constructor, before there is one
+      const { w, h } = this.buildingSize();
+      const labels = [...this.places.values()].map((place) => {
+        const c = this.toCanvas(place.x, place.y);
+        const sub = place.is_open ? place.name_ja || "" : `closed · ${place.hours || ""}`;
+        return { id: place.id, name: place.name, sub, x: c.x, y: c.y + h / 2 + 3, open: place.is_open };
+      });
+      this.overlay.setLabels(labels, Math.round(Math.max(10, Math.min(13, w / 5))));
     }
 
     setResidents(residents) {
@@ -123,7 +125,7 @@
 
     say(id, text) {
       const figure = this.residents.get(id);
-      if (figure && text) figure.bubble = { text, t0: performance.now() };
+      if (figure && text) figure.bubble = { text: String(text), t0: performance.now() };
     }
 
     moveResident(id, placeId) {
@@ -234,20 +236,65 @@
       }
       positions.sort((a, b) => a[1].y - b[1].y);
       for (const [figure, p] of positions) this.drawFigure(ctx, figure, p, now);
-      // Speech bubbles, then the thinking clouds on top: a neighbour's bubble never hides
-      // that someone is thinking.
-      for (const [figure, p] of positions) {
-        if (!figure.thinking && figure.bubble) this.drawBubble(ctx, figure, p, now);
-      }
+      const placed = this.overlay.sync(this.boxItems(positions, now), this.softObstacles(positions), {
+        w: this.width, h: this.height,
+      });
       let thinkingDrawn = 0;
+      let bubblesDrawn = 0;
       for (const [figure, p] of positions) {
-        if (!figure.thinking) continue;
-        this.drawThinking(ctx, figure, p, now);
-        thinkingDrawn += 1;
+        const rect = placed.get(figure.id);
+        if (!rect) continue;
+        if (figure.thinking) thinkingDrawn += 1;
+        else bubblesDrawn += 1;
+        this.drawLeader(ctx, figure, p, rect);
       }
       this.stats = {
         ...this.stats, placesDrawn, residentsDrawn: positions.length, walking, thinkingDrawn,
+        bubblesDrawn, boxesLeftOut: this.overlay.boxes.size - placed.size,
       };
+    }
+
+    // The figure's radius, the rectangle it covers (head to name) and the anchor its bubble
+    // is placed around.
+    figureBox(figure, p) {
+      const r = Math.max(4.5, Math.min(7, this.scale * 1.1));
+      const top = p.y - r * 3;
+      const bottom = p.y + r * 1.3 + (p.moving ? 0 : (figure.slot % 3) * 10) + 11;
+      return { r, anchor: { hx: p.x, top, bottom }, rect: { x: p.x - 14, y: top, w: 28, h: bottom - top } };
+    }
+
+    // What a bubble should rather not cover: the residents, then (given up first when room is
+    // short) the buildings.
+    softObstacles(positions) {
+      const figures = positions.map(([figure, p]) => ({ ...this.figureBox(figure, p).rect, weight: 1 }));
+      const { w, h } = this.buildingSize();
+      const buildings = [...this.places.values()].map((place) => {
+        const c = this.toCanvas(place.x, place.y);
+        return { x: c.x - w / 2 - 4, y: c.y - h / 2 - h * 0.55, w: w + 8, h: h * 1.55, weight: 1 };
+      });
+      return [figures, buildings];
+    }
+
+    // Who has something to show, most important first: the selected resident, then whoever
+    // is thinking (a decision is out), then the speech bubbles, newest first. A thinking
+    // resident shows the cloud, not their last words.
+    boxItems(positions, now) {
+      const items = [];
+      for (const [figure, p] of positions) {
+        const base = { id: figure.id, color: figure.color, anchor: this.figureBox(figure, p).anchor };
+        if (figure.thinking) {
+          items.push({ ...base, kind: "thought", text: "", rank: 1, t0: 0 });
+          continue;
+        }
+        if (!figure.bubble) continue;
+        const age = now - figure.bubble.t0;
+        if (age > this.bubbleMs) { figure.bubble = null; continue; }
+        const fading = this.bubbleMs - age < 1000;
+        const opacity = fading ? Math.round((this.bubbleMs - age) / 100) / 10 : 1;
+        items.push({ ...base, kind: "bubble", text: figure.bubble.text, opacity, rank: 2, t0: figure.bubble.t0 });
+      }
+      for (const item of items) if (item.id === this.selectedId) item.rank = 0;
+      return items.sort((a, b) => a.rank - b.rank || b.t0 - a.t0 || a.id - b.id);
     }
 
     drawGround(ctx) {
@@ -304,15 +351,6 @@
         ctx.fillStyle = "#8a6a4a"; // door
         ctx.fillRect(c.x - w * 0.09, c.y + h / 2 - h * 0.45, w * 0.18, h * 0.45);
       }
-      ctx.fillStyle = "#2f2a25";
-      ctx.textAlign = "center";
-      ctx.textBaseline = "top";
-      ctx.font = `600 ${Math.round(Math.max(10, Math.min(13, w / 5)))}px system-ui, sans-serif`;
-      ctx.fillText(place.name, c.x, c.y + h / 2 + 3);
-      ctx.font = `${Math.round(Math.max(9, Math.min(11, w / 6)))}px system-ui, sans-serif`;
-      ctx.fillStyle = "#6b625a";
-      const sub = place.is_open ? place.name_ja || "" : `closed · ${place.hours || ""}`;
-      ctx.fillText(sub, c.x, c.y + h / 2 + 17);
       ctx.restore();
     }
 
@@ -362,61 +400,42 @@
       ctx.restore();
     }
 
-    // A thought cloud over the head, its dots lighting up in turn, while a decision is out.
-    drawThinking(ctx, figure, p, now) {
-      const cx = p.x + 12;
-      const y = p.y - 36;
+    // A line from the speaker's head to their bubble (dots up to a thought cloud), so a
+    // bubble set aside for room still says whose it is.
+    drawLeader(ctx, figure, p, rect) {
+      const { anchor } = this.figureBox(figure, p);
+      const hx = anchor.hx;
+      const hy = anchor.top;
+      const tx = Math.min(Math.max(hx, rect.x + 6), rect.x + rect.w - 6);
+      const ty = Math.min(Math.max(hy, rect.y), rect.y + rect.h);
+      if (Math.hypot(tx - hx, ty - hy) < 3) return;
       ctx.save();
-      ctx.fillStyle = "rgba(255,255,255,0.97)";
       ctx.strokeStyle = figure.color;
-      ctx.lineWidth = 1.6;
-      ctx.beginPath();
-      ctx.ellipse(cx, y, 19, 11, 0, 0, 2 * Math.PI);
-      ctx.fill();
-      ctx.stroke();
-      for (const [dx, dy, r] of [[-10, 15, 3.2], [-14, 21, 2]]) { // the trail to the head
+      ctx.fillStyle = "#fff";
+      if (figure.thinking) {
+        ctx.lineWidth = 1.2;
+        ctx.setLineDash([2, 4]);
         ctx.beginPath();
-        ctx.arc(cx + dx, y + dy, r, 0, 2 * Math.PI);
-        ctx.fill();
+        ctx.moveTo(hx, hy);
+        ctx.lineTo(tx, ty);
+        ctx.stroke();
+        ctx.setLineDash([]);
+        const length = Math.hypot(tx - hx, ty - hy);
+        for (const [along, radius] of [[5, 2], [12, 3]]) { // a cloud's trail near the head
+          if (along + radius > length) break;
+          const k = along / length;
+          ctx.beginPath();
+          ctx.arc(hx + (tx - hx) * k, hy + (ty - hy) * k, radius, 0, 2 * Math.PI);
+          ctx.fill();
+          ctx.stroke();
+        }
+      } else {
+        ctx.lineWidth = 1.4;
+        ctx.beginPath();
+        ctx.moveTo(hx, hy);
+        ctx.lineTo(tx, ty);
         ctx.stroke();
       }
-      for (let i = 0; i < 3; i++) {
-        const on = Math.floor(now / 300) % 3 === i;
-        ctx.fillStyle = on ? "#222" : "#b5b5b5";
-        ctx.beginPath();
-        ctx.arc(cx - 8 + i * 8, y, 2.6, 0, 2 * Math.PI);
-        ctx.fill();
-      }
-      ctx.restore();
-    }
-
-    drawBubble(ctx, figure, p, now) {
-      const age = now - figure.bubble.t0;
-      if (age > BUBBLE_MS) { figure.bubble = null; return; }
-      ctx.save();
-      ctx.globalAlpha = age > BUBBLE_MS - 1000 ? (BUBBLE_MS - age) / 1000 : 1;
-      ctx.font = "11px system-ui, sans-serif";
-      const lines = wrap(ctx, figure.bubble.text, 120, 2);
-      const width = Math.max(...lines.map((l) => ctx.measureText(l).width)) + 12;
-      const height = lines.length * 13 + 8;
-      let x = Math.min(Math.max(4, p.x - width / 2), this.width - width - 4);
-      const y = Math.max(4, p.y - 26 - height);
-      ctx.fillStyle = "rgba(255,255,255,0.96)";
-      ctx.strokeStyle = figure.color;
-      ctx.lineWidth = 1.4;
-      ctx.beginPath();
-      ctx.roundRect(x, y, width, height, 6);
-      ctx.fill();
-      ctx.stroke();
-      ctx.beginPath(); // the tail, to the speaker
-      ctx.moveTo(p.x - 4, y + height);
-      ctx.lineTo(p.x, y + height + 7);
-      ctx.lineTo(p.x + 4, y + height);
-      ctx.fill();
-      ctx.fillStyle = "#222";
-      ctx.textAlign = "left";
-      ctx.textBaseline = "top";
-      lines.forEach((line, i) => ctx.fillText(line, x + 6, y + 4 + i * 13));
       ctx.restore();
     }
   }

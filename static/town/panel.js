@@ -64,16 +64,23 @@
     return item;
   }
 
+  // "Waiting for the first tick…" while the feed is empty.
+  function feedEmptyNote() {
+    $("feed-empty").hidden = $("feed").children.length > 0;
+  }
+
   function feedAdd(d, seq, max = 60) {
     const feed = $("feed");
     feed.prepend(feedItem(d, seq));
     while (feed.children.length > max) feed.lastChild.remove();
+    feedEmptyNote();
   }
 
   function feedReset(items) {
     const feed = $("feed");
     feed.replaceChildren();
     for (const { d, seq } of items) feed.prepend(feedItem(d, seq));
+    feedEmptyNote();
   }
 
   function bar(label, value, max, cls) {

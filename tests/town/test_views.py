@@ -68,6 +68,29 @@ def test_run_list_says_how_to_start_when_there_are_no_runs(client):
     assert "No runs yet" in html and "create_run --start" in html
 
 
+def test_home_page_says_what_the_town_is_and_links_the_whole_site(client, run):
+    html = client.get("/").content.decode()
+    assert "small Japanese town" in html and "asking an LLM" in html
+    assert "our own inference engine with prefix caching" in html
+    for href in (
+        f"/runs/{run.pk}/",  # the newest run, live
+        f"/runs/{run.pk}/replay/",
+        "/admin/",
+        "/api/redoc/",
+        "/api/docs/",
+        "/api/schema/",
+        "/v1/models",
+        "/metrics",
+    ):
+        assert f'href="{href}"' in html, href
+
+
+def test_an_empty_feed_says_it_waits_for_the_first_tick(client, run):
+    for path in (f"/runs/{run.pk}/", f"/runs/{run.pk}/replay/"):
+        html = client.get(path).content.decode()
+        assert '<p id="feed-empty" class="hint">Waiting for the first tick…</p>' in html
+
+
 def test_run_page_has_the_map_and_scripts_and_controls_only_for_staff(client, run):
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert '<canvas id="town-map"' in html and "town/live.js" in html
@@ -83,8 +106,9 @@ def test_run_page_has_the_map_and_scripts_and_controls_only_for_staff(client, ru
 def test_static_files_are_found(client):
     from django.contrib.staticfiles import finders
 
-    for name in ("town/map.js", "town/panel.js", "town/live.js", "town/replay.js", "town/town.css"):
-        assert finders.find(name), name
+    names = ["map.js", "layout.js", "overlay.js", "panel.js", "live.js", "replay.js", "town.css"]
+    for name in names:
+        assert finders.find(f"town/{name}"), name
 
 
 def test_unknown_run_is_404(client):

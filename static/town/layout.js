@@ -1,0 +1,110 @@
+"use strict";
+// Where the speech bubbles and thought clouds go: pure geometry, no DOM, no canvas.
+//
+// Each box is tried at candidate spots around its resident's head — above, to the sides,
+// below, then the same directions farther out — and takes the first spot, within the map,
+// that overlaps no place label and no box placed before it. Boxes are placed in the order
+// given (most important first); one that finds no spot is left out (hidden), so a crowded
+// phone screen shows the selected and the newest ones, never a pile. Covering residents'
+// figures or buildings is allowed only when every free spot would: it costs (by each
+// obstacle's weight), it is not refused.
+(function () {
+  const GAP = 6; // between a box and what it avoids
+  const RINGS = [0, 22, 46, 74, 106]; // how much farther out each round of candidates goes
+  const REACH = 120; // the farthest a box may sit from its resident's head
+
+  // Rectangles are {x, y, w, h} in map (canvas CSS pixel) coordinates.
+  function overlaps(a, b, pad = 0) {
+    return a.x < b.x + b.w + pad && b.x < a.x + a.w + pad
+      && a.y < b.y + b.h + pad && b.y < a.y + a.h + pad;
+  }
+
+  // The candidate spots for a w×h box, for a figure whose head top is at (hx, top) and whose
+  // feet (with the name under them) end at `bottom`: nearest first, above preferred.
+  function candidates(w, h, { hx, top, bottom }) {
+    const spots = [];
+    for (const d of RINGS) {
+      const above = top - GAP - h - d;
+      const below = bottom + GAP + d;
+      const middle = (top + bottom) / 2 - h / 2;
+      spots.push(
+        { x: hx - w / 2, y: above, side: "above" },
+        { x: hx - 14 - d, y: above, side: "above" },
+        { x: hx - w + 14 + d, y: above, side: "above" },
+        { x: hx + 10 + d, y: middle, side: "right" },
+        { x: hx - 10 - w - d, y: middle, side: "left" },
+        { x: hx - w / 2, y: below, side: "below" },
+        { x: hx + 10 + d, y: below, side: "below" },
+        { x: hx - 10 - w - d, y: below, side: "below" },
+      );
+    }
+    return spots;
+  }
+
+  // Distance from a rectangle to a point (0 inside it).
+  function distance(r, x, y) {
+    return Math.hypot(Math.max(r.x - x, 0, x - r.x - r.w), Math.max(r.y - y, 0, y - r.y - r.h));
+  }
+
+  // A spot pulled inside the map; null when the box cannot fit at all.
+  function clamp(spot, w, h, bounds) {
+    if (w > bounds.w - 2 * GAP || h > bounds.h - 2 * GAP) return null;
+    return {
+      ...spot,
+      x: Math.min(Math.max(GAP, spot.x), bounds.w - w - GAP),
+      y: Math.min(Math.max(GAP, spot.y), bounds.h - h - GAP),
+    };
+  }
+
+  // One greedy pass: each box, in order, takes the cheapest free candidate (the first free
+  // one that covers nothing soft, else the least costly).
+  function placeGreedy(items, labels, soft, bounds) {
+    const placed = [];
+    const result = new Map();
+    for (const item of items) {
+      const { w, h } = item;
+      const blocked = (r) => labels.some((l) => overlaps(r, l, GAP)) || placed.some((p) => overlaps(r, p, GAP));
+      const cost = (r) => soft.reduce((sum, s) => sum + (overlaps(r, s) ? s.weight : 0), 0);
+      let best = null;
+      let bestCost = Infinity;
+      const spots = candidates(w, h, item.anchor).map((spot, index) => ({ ...spot, index }));
+      if (item.previous !== undefined && spots[item.previous]) spots.unshift(spots[item.previous]);
+      for (const spot of spots) {
+        const at = clamp(spot, w, h, bounds);
+        if (!at) break;
+        const rect = { ...at, w, h };
+        if (distance(rect, item.anchor.hx, item.anchor.top) > REACH || blocked(rect)) continue;
+        const c = cost(rect);
+        if (c < bestCost) { best = rect; bestCost = c; }
+        if (c === 0) break;
+      }
+      if (best) {
+        placed.push(best);
+        result.set(item.id, best);
+      }
+    }
+    return result;
+  }
+
+  /**
+   * items: [{id, w, h, anchor: {hx, top, bottom}, previous}] in priority order; `previous` is
+   *   the candidate the box took last frame, tried first so that boxes do not hop about.
+   * labels: rectangles no box may overlap.
+   * soft: lists of rectangles with a weight, which a box keeps clear of if it can, the most
+   *   expendable list last (e.g. [figures, buildings]): when keeping clear of all of them would
+   *   leave a box out, the last list is given up first, and so on.
+   * bounds: {w, h} of the map.
+   * Returns Map id -> {x, y, w, h, side, index}; an item missing from it has no room.
+   */
+  function placeBoxes(items, { labels, soft, bounds }) {
+    let best = null;
+    for (let keep = soft.length; keep >= 0; keep--) {
+      const result = placeGreedy(items, labels, soft.slice(0, keep).flat(), bounds);
+      if (!best || result.size > best.size) best = result;
+      if (best.size === items.length) break;
+    }
+    return best;
+  }
+
+  window.TownLayout = { placeBoxes, overlaps };
+})();
