@@ -7,8 +7,10 @@ from a run's stored decisions and keeps the result on the run.
 Definitions:
 - **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
   appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
-  content words (not in STOPWORDS) and at least ECHO_LINE_SHARE of them occur in one line of
-  the prompt. Words are lower-cased runs of letters and digits.
+  content words and at least ECHO_LINE_SHARE of them occur in one line of the prompt. Content
+  words are those not in STOPWORDS and not part of a name of the town (its places and people:
+  "I am going to eat at Midori House" names its place, it does not copy the line that offers
+  it). Words are lower-cased runs of letters and digits.
 - **pressing need** and **critical** (starving or exhausted): town/rules/needs.py, the town's
   own thresholds; critical is counted per resident-tick (one decision's prompt state).
 - **addressed**: a pressing need was *offered* something for it, and the decision took it.
@@ -80,9 +82,10 @@ class DecisionRecord:
     valid: bool = False
     retried: bool = False
     error: str = ""
+    names: frozenset[str] = frozenset()  # the town's place and resident names
 
 
-def echo_of(reason: str, prompt: list[str]) -> str:
+def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset()) -> str:
     """The prompt text a reason copies ('' when it copies none): a message it shares a
     ECHO_SPAN_WORDS-word span with, or the line that holds most of its content words."""
     said = words(reason)
@@ -94,7 +97,8 @@ def echo_of(reason: str, prompt: list[str]) -> str:
             span = " ".join(said[start : start + ECHO_SPAN_WORDS])
             if f" {span} " in text:
                 return span
-    content = {w for w in said if w not in STOPWORDS}
+    named = {w for name in names for w in words(name)}
+    content = {w for w in said if w not in STOPWORDS and w not in named}
     if len(content) < ECHO_MIN_CONTENT_WORDS:
         return ""
     for message in prompt:
@@ -219,7 +223,7 @@ def town_quality_measure(
     quality = TownQuality(num_decisions=len(records), hit_rate=hit_rate, median_e2e_s=median_e2e_s)
     if not records:
         return quality
-    reasons = [(r, echo_of(r.reason, r.prompt)) for r in records if r.reason]
+    reasons = [(r, echo_of(r.reason, r.prompt, r.names)) for r in records if r.reason]
     echoes = [(r, copied) for r, copied in reasons if copied]
     quality.echo_rate = _share(len(echoes), len(reasons))
     quality.echo_examples = [{"reason": r.reason, "copies": c} for r, c in echoes[:5]]
@@ -268,7 +272,7 @@ def _error_kind(error: str) -> str:
 def _sample(record: DecisionRecord) -> Sample:
     options = "; ".join(f"{a}: {', '.join(t)}" for a, t in record.options.items())
     decided = f"{record.action} {record.target}" if record.valid else "(fallback: stayed put)"
-    copied = echo_of(record.reason, record.prompt)
+    copied = echo_of(record.reason, record.prompt, record.names)
     return Sample(
         resident=record.resident,
         clock=record.clock,

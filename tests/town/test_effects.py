@@ -79,11 +79,11 @@ def test_schema_admits_exactly_the_options(world):
         {"action": "go", "target": "Bakery", "reason": "I want fresh bread."}, schema
     )
     for bad in [
-        {"action": "go", "target": "Cafe", "reason": "I like it"},
-        {"action": "go", "target": "Bar", "reason": "I like it"},
-        {"action": "talk", "target": "Bakery", "reason": "I am mixed up"},
-        {"action": "go", "target": "Bakery", "reason": "I " + "x" * 79},
-        {"action": "go", "target": "Bakery", "reason": 'I quote " here'},
+        {"action": "go", "target": "Cafe", "reason": "I like it."},
+        {"action": "go", "target": "Bar", "reason": "I like it."},
+        {"action": "talk", "target": "Bakery", "reason": "I am mixed up."},
+        {"action": "go", "target": "Bakery", "reason": "I " + "x" * 58 + "."},
+        {"action": "go", "target": "Bakery", "reason": 'I quote " here.'},
         {"action": "go", "target": "Bakery", "reason": "Decide what Ann does next"},
         {"action": "go", "target": "Bakery"},
     ]:

@@ -72,6 +72,13 @@ def test_a_reason_in_its_own_words_is_not_an_echo(reason):
     assert not echo_of(reason, PROMPT)
 
 
+def test_naming_an_offered_place_is_not_an_echo_but_copying_its_line_is():
+    prompt = ["- go: Panya Mugi (bakery, food from 160 yen); Cafe Sora (cafe, food from 700 yen)"]
+    names = frozenset({"Panya Mugi", "Cafe Sora"})
+    assert not echo_of("I want melon pan at Panya Mugi.", prompt, names)
+    assert echo_of("I go to the food from 700 yen.", prompt, names)
+
+
 def test_the_more_pressing_need_wins():
     assert pressing_need(hunger=69, energy=26) == ""
     assert pressing_need(hunger=70, energy=80) == "hunger"

@@ -81,7 +81,7 @@ def test_answers_are_applied_in_resident_order():
     tick = services.tick_begin(run=run)
     aki, ben, chie, dai = tick.decisions.order_by("resident_id")
     for decision in (dai, chie, ben):  # answered in reverse order
-        _answer(decision, {"action": "go", "target": "Cafe", "reason": "I need coffee"})
+        _answer(decision, {"action": "go", "target": "Cafe", "reason": "I need coffee."})
     _answer(aki, '{"action": "go", "target": "Cafe"')  # cut off: not JSON
     services.tick_finish(tick=tick)
     aki, ben, chie, dai = tick.decisions.order_by("resident_id")
@@ -98,7 +98,7 @@ def test_an_answer_outside_the_schema_is_rejected():
     run = services.run_start(run=run_factory(town=small_town_factory()))
     tick = services.tick_begin(run=run)
     first = tick.decisions.order_by("resident_id").first()
-    _answer(first, {"action": "go", "target": "Moon", "reason": "I wonder why not"})
+    _answer(first, {"action": "go", "target": "Moon", "reason": "I wonder why not."})
     Decision.objects.filter(tick=tick).exclude(pk=first.pk).update(
         status=Decision.Status.FAILED, error="engine refused: test"
     )

@@ -33,8 +33,8 @@ def _answer_all(tick, value: dict) -> None:
 def _two_ticks(run):
     """Tick 0: everyone goes to the park; tick 1: everyone stays there."""
     for value in (
-        {"action": "go", "target": "Park", "reason": "I want fresh air"},
-        {"action": "stay", "target": "Park", "reason": "I still like it"},
+        {"action": "go", "target": "Park", "reason": "I want fresh air."},
+        {"action": "stay", "target": "Park", "reason": "I still like it."},
     ):
         tick = services.tick_begin(run=run)
         _answer_all(tick, value)

@@ -74,7 +74,7 @@ home asleep; shops close and open again in the morning.
 _EXAMPLES = """\
 How residents of another town decided (each answer is the resident's own short thought):
 - Mika at the bakery, hungry, 900 yen; offered: buy anpan (160 yen, hunger -20), go, talk.
-  {"action": "buy", "target": "anpan", "reason": "I skipped breakfast, a warm anpan will do."}
+  {"action": "buy", "target": "anpan", "reason": "I skipped breakfast and anpan sounds perfect."}
 - Taro at home at 23:00, tired; offered: rest (energy +30), eat, talk.
   {"action": "rest", "target": "Hill House", "reason": "I can barely keep my eyes open."}
 - Emi at the cafe, rested and full, a friend here; offered: talk Ken, go, stay.
@@ -86,8 +86,9 @@ _FORMAT = (
     "- action (required): one of go, stay, buy, eat, talk, rest, work; only an action listed "
     'under "What ... can do now".\n'
     "- target (required): exactly one of the options listed for that action, spelled as listed.\n"
-    "- reason (required): the resident's own short thought, in the first person, starting with "
-    '"I", in plain English, at most {chars} characters; say it in your own words.'
+    "- reason (required): the resident's own thought, one short sentence in the first person, "
+    'starting with "I" and ending with a full stop, at most {chars} characters, in your own '
+    "words."
 )
 
 

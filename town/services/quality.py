@@ -3,7 +3,7 @@ the run (`Run.quality`) so the admin and the compare page show it."""
 
 from __future__ import annotations
 
-from town.models import Decision, Place, Run
+from town.models import Decision, Place, Resident, Run
 from town.quality import DecisionRecord, FoodOffer, TownQuality, town_quality_measure
 from town.rules.needs import FOOD_MIN_HUNGER
 from town.selectors import run_clock, run_summary
@@ -31,6 +31,8 @@ def food_offer(*, run: Run) -> FoodOffer:
 
 def decision_records(*, run: Run) -> list[DecisionRecord]:
     places = dict(Place.objects.filter(town_id=run.town_id).values_list("id", "name"))
+    people = Resident.objects.filter(town_id=run.town_id).values_list("name", flat=True)
+    names = frozenset([*places.values(), *people])
     decisions = (
         Decision.objects.filter(run=run, status=Decision.Status.APPLIED)
         .select_related("tick", "resident")
@@ -57,6 +59,7 @@ def decision_records(*, run: Run) -> list[DecisionRecord]:
                 valid=bool(d.valid),
                 retried=d.attempts > 1,
                 error=d.error,
+                names=names,
             )
         )
     return records
