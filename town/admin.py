@@ -384,6 +384,8 @@ class DecisionAdmin(admin.ModelAdmin):
 
     @admin.display(description="choice", ordering="action")
     def choice(self, decision: Decision) -> str:
+        if decision.valid is False:
+            return "stayed put (fallback)"
         if not decision.action:
             return "-"
         return _truncated(f"{decision.action} → {decision.target}", 20)

@@ -8,9 +8,9 @@ Definitions:
 - **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
   appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
   content words and at least ECHO_LINE_SHARE of them occur in one line of the prompt. Content
-  words are those not in STOPWORDS and not part of a name of the town (its places and people:
-  "I am going to eat at Midori House" names its place, it does not copy the line that offers
-  it). Words are lower-cased runs of letters and digits.
+  words are those not in STOPWORDS and not part of a name of the town (its places, people and
+  menu items: "I am going to eat at Midori House" names its place, it does not copy the line
+  that offers it). Words are lower-cased runs of letters and digits.
 - **pressing need** and **critical** (starving or exhausted): town/rules/needs.py, the town's
   own thresholds; critical is counted per resident-tick (one decision's prompt state).
 - **addressed**: a pressing need was *offered* something for it, and the decision took it.
@@ -82,7 +82,7 @@ class DecisionRecord:
     valid: bool = False
     retried: bool = False
     error: str = ""
-    names: frozenset[str] = frozenset()  # the town's place and resident names
+    names: frozenset[str] = frozenset()  # the town's place, resident and menu item names
 
 
 def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset()) -> str:
@@ -150,6 +150,8 @@ class TownQuality:
     num_need_offered: int = 0
     need_addressed_rate: float | None = None
     need_addressed: dict[str, list[int]] = field(default_factory=dict)  # need → [took, offered]
+    # of those, where the menu was not narrowed to the need (town/rules/actions.py): [took, offered]
+    need_addressed_unnarrowed: list[int] = field(default_factory=lambda: [0, 0])
     actions: dict[str, int] = field(default_factory=dict)
     num_distinct_actions: int = 0
     num_talks: int = 0
@@ -178,6 +180,8 @@ class TownQuality:
         """(label, value) lines for a person, in the issue's order."""
         took = self.need_addressed
         needs = ", ".join(f"{n} {t}/{o}" for n, (t, o) in sorted(took.items())) or "none offered"
+        free_took, free = self.need_addressed_unnarrowed
+        needs += f"; from a full menu {free_took}/{free}"
         return [
             ("decisions", str(self.num_decisions)),
             ("echo rate", _pct(self.echo_rate)),
@@ -236,9 +240,14 @@ def town_quality_measure(
         choices = need_choices(record, need, food) if need else set()
         if not choices:
             continue
+        took = record.valid and (record.action, record.target) in choices
         counts = addressed.setdefault(need, [0, 0])
         counts[1] += 1
-        counts[0] += record.valid and (record.action, record.target) in choices
+        counts[0] += took
+        offered = {(a, t) for a, targets in record.options.items() for t in targets}
+        if offered != choices:
+            quality.need_addressed_unnarrowed[1] += 1
+            quality.need_addressed_unnarrowed[0] += took
     quality.need_addressed = addressed
     quality.num_need_offered = sum(o for _, o in addressed.values())
     if quality.num_need_offered:

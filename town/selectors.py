@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Q, QuerySet
 
 from town.models import Decision, Memory, Place, Resident, ResidentState, Run, Tick
+from town.rules.actions import REPEAT_TICKS
 from town.rules.clock import Clock, clock_at
 from town.rules.diary import diary_lines
 from town.rules.world import MenuItem, PlaceView, ResidentView, World
@@ -51,6 +52,23 @@ def _memory_texts(*, run: Run, resident: Resident) -> list[str]:
     return texts
 
 
+def _recent_choices(*, run: Run, tick_index: int) -> dict[int, list[tuple[str, str]]]:
+    """Each resident's carried-out (action, target) in the REPEAT_TICKS ticks before
+    `tick_index`, newest first (a tick whose answer was not carried out breaks the run)."""
+    choices: dict[int, list[tuple[str, str]]] = {}
+    decisions = Decision.objects.filter(
+        run=run, tick__index__lt=tick_index, tick__index__gte=tick_index - REPEAT_TICKS
+    )
+    rows = decisions.order_by("-tick__index").values_list(
+        "resident_id", "tick__index", "action", "target", "valid"
+    )
+    for resident_id, index, action, target, valid in rows:
+        earlier = choices.setdefault(resident_id, [])
+        if len(earlier) == tick_index - 1 - index and valid:
+            earlier.append((action, target))
+    return choices
+
+
 def world_load(*, run: Run, tick_index: int) -> World:
     """The town of `run` as it stands when tick `tick_index` begins."""
     residents = list(Resident.objects.filter(town_id=run.town_id).order_by("id"))
@@ -62,6 +80,7 @@ def world_load(*, run: Run, tick_index: int) -> World:
         for p in Place.objects.filter(town_id=run.town_id).order_by("id")
     ]
     states = {s.resident_id: s for s in ResidentState.objects.filter(run=run)}
+    recent = _recent_choices(run=run, tick_index=tick_index)
     views = []
     # A run may take part of the town's residents (the experiment's --residents): the others
     # are not in its world, but their homes stay theirs.
@@ -84,6 +103,7 @@ def world_load(*, run: Run, tick_index: int) -> World:
                 energy=state.energy,
                 visits={int(k): v for k, v in state.visits.items()},
                 memories=_memory_texts(run=run, resident=resident),
+                recent_choices=recent.get(resident.id, []),
             )
         )
     world = World(

@@ -104,7 +104,10 @@
       case "decision.applied": {
         if (resident) resident.thinking = false;
         map.setThinking(residentId, false);
-        const said = data.reason || (data.action ? `${data.action} ${data.target}` : data.error);
+        // A fallback (the town could not carry the answer out) is not the resident's words.
+        const said = data.valid === false
+          ? "(stays put)"
+          : data.reason || (data.action ? `${data.action} ${data.target}` : data.error);
         map.say(residentId, said);
         panel.feedAdd(data, seq);
         break;

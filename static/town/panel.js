@@ -23,9 +23,18 @@
       ? "no answer"
       : `${d.num_cached_tokens ?? 0}/${d.num_prompt_tokens} cached · ${d.num_output_tokens ?? 0} out`;
 
+  // A decision the town could not carry out: code kept the resident where they were (a
+  // fallback), which is never shown as the model's choice.
+  const isFallback = (d) => d.valid === false;
+
   function actionText(d) {
-    if (!d.action) return d.status === "applied" ? "(invalid)" : `(${d.status})`;
+    if (isFallback(d)) return "stays put (fallback)";
+    if (!d.action) return `(${d.status})`;
     return d.target ? `${d.action} → ${d.target}` : d.action;
+  }
+
+  function errorText(d) {
+    return isFallback(d) && d.action ? `the model chose ${d.action} → ${d.target}: ${d.error}` : d.error;
   }
 
   function renderStats({ status, numTicksDone, clock, summary }) {
@@ -57,7 +66,7 @@
         el("b", {}, d.resident_name), " ", el("span", { class: "act" }, actionText(d)),
         el("span", { class: "tick" }, `tick ${d.tick_index}`)),
       d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
-      d.error ? el("div", { class: "error" }, d.error) : null,
+      d.error ? el("div", { class: "error" }, errorText(d)) : null,
       el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`),
     );
     item.dataset.residentId = d.resident;
@@ -95,7 +104,7 @@
     const decisions = (r.decisions || []).map((d) =>
       el("li", {}, el("span", { class: "act" }, `tick ${d.tick_index}: ${actionText(d)}`),
         d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
-        d.error ? el("div", { class: "error" }, d.error) : null,
+        d.error ? el("div", { class: "error" }, errorText(d)) : null,
         el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`)));
     box.replaceChildren(
       el("div", { class: "who" }, el("b", {}, r.name), ` ${r.age}, ${r.occupation}`),

@@ -180,3 +180,26 @@ def test_a_starving_or_exhausted_resident_is_offered_only_what_answers_the_need(
     assert "stay" in action_options(world, chie)
     aki.energy = 20  # tired, not exhausted: the whole menu
     assert "talk" in action_options(world, aki)
+
+
+def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world):
+    aki = world.resident(1)  # at home, hunger 50, energy 50
+    aki.recent_choices = [("talk", "Ben"), ("talk", "Ben")]
+    assert "talk" not in action_options(world, aki)
+    assert "the last 2 ticks" in action_problem(world, aki, "talk", "Ben")
+    aki.recent_choices = [("talk", "Ben"), ("stay", "Home")]  # not the same twice
+    assert action_options(world, aki)["talk"] == ["Ben"]
+    aki.recent_choices = [("rest", "Home"), ("rest", "Home")]  # resting again has a cause
+    assert action_options(world, aki)["rest"] == ["Home"]
+    aki.recent_choices, aki.hunger = [("eat", "Home"), ("eat", "Home")], 75  # still hungry
+    assert action_options(world, aki)["eat"] == ["Home"]
+
+
+def test_a_pressing_needs_answers_are_listed_first(world):
+    aki = world.resident(1)
+    aki.hunger = 75  # hungry, not starving: the whole menu, food first
+    options = action_options(world, aki)
+    assert list(options)[:2] == ["go", "eat"] and options["go"] == ["Bakery"]
+    assert "talk" in options
+    aki.hunger, aki.energy = 30, 20  # tired
+    assert next(iter(action_options(world, aki))) == "rest"

@@ -92,11 +92,12 @@ def test_needs_addressed_counts_only_needs_something_was_offered_for():
         _record(hunger=80, action="go", target="Panya Mugi"),  # hungry, went for food
         _record(hunger=80, action="stay", target="Sakura Park"),  # hungry, stayed
         _record(hunger=80, money=100),  # hungry, cannot afford the bakery: nothing offered
-        _record(energy=10, action="go", target="Sakura-so"),  # exhausted, went home
+        _record(energy=10, action="go", target="Sakura-so", options={"go": ["Sakura-so"]}),
         _record(hunger=10),  # nothing pressing
     ]
     quality = town_quality_measure(records, food=FOOD)
     assert quality.need_addressed == {"hunger": [1, 2], "energy": [1, 1]}
+    assert quality.need_addressed_unnarrowed == [1, 2]  # the exhausted one was offered only home
     assert quality.need_addressed_rate == pytest.approx(2 / 3)
     assert quality.critical_rate == pytest.approx(1 / 5)  # energy 10 is exhausted
 

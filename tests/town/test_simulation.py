@@ -154,3 +154,31 @@ def test_run_town_inline_prints_the_summary(capsys):
                   "prompt tokens, mean"]:  # fmt: skip
         assert label in out
     assert Run.objects.get(town=town).status == Run.Status.FINISHED
+
+
+def test_the_world_knows_each_residents_choices_of_the_last_two_ticks():
+    run = services.run_start(run=run_factory(town=small_town_factory(), minutes_per_tick=30))
+    Run.objects.filter(pk=run.pk).update(start_minutes=9 * 60)
+    run.refresh_from_db()
+    for _ in range(3):  # Aki stays home three times; the others' answers are refused
+        run.refresh_from_db()
+        tick = services.tick_begin(run=run)
+        aki = tick.decisions.order_by("resident_id").first()
+        _answer(aki, {"action": "stay", "target": "Home A", "reason": "I like it here."})
+        Decision.objects.filter(tick=tick).exclude(pk=aki.pk).update(
+            status=Decision.Status.FAILED, error="engine refused: test"
+        )
+        services.tick_finish(tick=tick)
+    aki_id = aki.resident_id
+    choices = {
+        i: world_load(run=run, tick_index=i).resident(aki_id).recent_choices for i in range(4)
+    }
+    assert choices[0] == [] and choices[1] == [("stay", "Home A")]
+    assert choices[2] == [("stay", "Home A"), ("stay", "Home A")]
+    aki.refresh_from_db()  # the third stay was not offered: outside that tick's schema
+    offered = [case["properties"]["action"]["const"] for case in aki.json_schema["anyOf"]]
+    assert "stay" not in offered and "go" in offered
+    assert aki.valid is False and "outside the decision schema" in aki.error
+    assert choices[3] == []  # the refused stay broke the run of choices
+    ben = world_load(run=run, tick_index=2).residents[1]
+    assert ben.recent_choices == []  # refused answers are no choices

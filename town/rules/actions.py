@@ -1,7 +1,9 @@
 """The town's rules: which actions a resident may take now, and what is wrong with one it may not.
 
 A starving or exhausted resident is offered only the actions that answer that need (when any
-does: town/rules/needs.py); the model still makes the choice among them.
+does: town/rules/needs.py); a pressing need's answers are listed first; and a choice made
+REPEAT_TICKS ticks in a row without cause (not rest, not work, not answering a pressing need)
+is left out the next time. The model still makes the choice among what is offered.
 
 The decision schema offers exactly `action_options`, so a model decoding under it cannot name a
 closed or non-existent place; `action_problem` re-checks at apply time, because residents applied
@@ -10,7 +12,7 @@ earlier in the tick change the town (a place fills up, a friend walks away).
 
 from __future__ import annotations
 
-from town.rules.needs import cheapest_food, critical_need, is_food
+from town.rules.needs import cheapest_food, critical_need, is_food, pressing_need
 from town.rules.world import HOME_MEAL, ResidentView, World
 
 ACTIONS = ("go", "stay", "buy", "eat", "talk", "rest", "work")
@@ -26,9 +28,49 @@ ACTION_HELP = {
 }
 
 
+REPEAT_TICKS = 2
+_REPEATABLE = ("rest", "work")
+
+
 def action_options(world: World, resident: ResidentView) -> dict[str, list[str]]:
     """Action → the targets it allows now, in a stable order; actions with none are left out."""
-    return _narrowed_to_need(world, resident, _possible(world, resident))
+    options = _without_repeats(world, resident, _possible(world, resident))
+    return _need_first(world, resident, _narrowed_to_need(world, resident, options))
+
+
+def _without_repeats(
+    world: World, resident: ResidentView, options: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """Leave out the choice made in each of the last REPEAT_TICKS ticks, unless it is rest, work
+    or an answer to a pressing need (or nothing else would be left)."""
+    recent = resident.recent_choices[:REPEAT_TICKS]
+    if len(recent) < REPEAT_TICKS or len(set(recent)) != 1:
+        return options
+    action, target = recent[0]
+    need = pressing_need(resident.hunger, resident.energy)
+    if action in _REPEATABLE or (need and answers_need(world, resident, need, action, target)):
+        return options
+    kept = {a: [t for t in ts if (a, t) != (action, target)] for a, ts in options.items()}
+    kept = {a: ts for a, ts in kept.items() if ts}
+    return kept or options
+
+
+def _need_first(
+    world: World, resident: ResidentView, options: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """With a pressing need, the actions and targets that answer it come first."""
+    need = pressing_need(resident.hunger, resident.energy)
+    if not need:
+        return options
+
+    def answers(action: str, target: str) -> bool:
+        return answers_need(world, resident, need, action, target)
+
+    ordered = {
+        action: sorted(targets, key=lambda t, a=action: not answers(a, t))
+        for action, targets in options.items()
+    }
+    return dict(sorted(ordered.items(), key=lambda item: not answers(item[0], item[1][0])))
 
 
 def _possible(world: World, resident: ResidentView) -> dict[str, list[str]]:
@@ -99,11 +141,13 @@ def action_problem(world: World, resident: ResidentView, action: str, target: st
             return f"{place.name} is full ({place.capacity} people)"
     elif target not in _possible(world, resident).get(action, []):
         return _why_not(world, resident, action, target, here.name)
-    if target not in action_options(world, resident).get(action, []):
-        need = critical_need(resident.hunger, resident.energy)
+    if target in action_options(world, resident).get(action, []):
+        return None
+    need = critical_need(resident.hunger, resident.energy)
+    if need:
         state, what = ("starving", "food") if need == "hunger" else ("exhausted", "rest")
         return f"{resident.name} is {state}: only {what} is offered now"
-    return None
+    return f"{resident.name} did {action} {target!r} the last {REPEAT_TICKS} ticks: not again now"
 
 
 def _why_not(world: World, resident: ResidentView, action: str, target: str, here: str) -> str:

@@ -47,9 +47,9 @@ LAYOUTS = (
 )
 
 _INTRO = (
-    "You decide what one resident of Pokomachi (ぽこまち), a small Japanese town, does next. "
-    "Each turn is {minutes} minutes of town time. Read the town's rules and places, then the "
-    "resident's profile, state and memories, and choose one action for this turn."
+    "Pokomachi (ぽこまち) is a small Japanese town. Each turn is {minutes} minutes of town time; "
+    "in each turn every resident takes one action. Below: the town's rules and places, then one "
+    "resident's profile, state and memories, and the actions open to them this turn."
 )
 
 _RULES = """\
@@ -62,9 +62,8 @@ than they have.
 meal for 300 yen. Resting at home restores energy (100 is fully rested). Working at your own \
 workplace while it is open earns your hourly wage.
 4. Talk only to someone at the same place as you. Both of you will remember the talk.
-5. Stay in character: follow the resident's personality, likes and memories. A first visit to \
-a place feels different from returning to a favourite one; curious people like new places, \
-creatures of habit return to the ones they know.
+5. Stay in character: follow the resident's personality, likes and memories. Curious people \
+try places they do not know yet; creatures of habit return to their favourites.
 6. A hungry resident eats; a tired one goes home and rests. Late at night most people are at \
 home asleep; shops close and open again in the morning.
 7. Do not repeat the same action forever: a day has work, meals, errands, friends and rest."""
@@ -305,7 +304,7 @@ def _known_places(world: World, resident: ResidentView) -> str:
             "Been to: "
             + "; ".join(f"{p.name} ({_visit_label(resident.visits[p.id])})" for p in been)
             + ".",
-            "Never been (a first visit): " + (", ".join(p.name for p in never) or "none") + ".",
+            "Not been to yet: " + (", ".join(p.name for p in never) or "none") + ".",
         ]
     )
 

@@ -71,6 +71,8 @@ class ResidentView:
     visits: dict[int, int]  # place id → times visited
     memories: list[str] = field(default_factory=list)  # recent first
     diary: list[str] = field(default_factory=list)  # older days, oldest first (town/rules/diary.py)
+    # (action, target) this resident carried out in the last ticks, newest first
+    recent_choices: list[tuple[str, str]] = field(default_factory=list)
 
     def snapshot(self) -> dict:
         """The state a Decision keeps: what this resident's prompt saw."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from town.models import Decision, Place, Resident, Run
 from town.quality import DecisionRecord, FoodOffer, TownQuality, town_quality_measure
 from town.rules.needs import FOOD_MIN_HUNGER
+from town.rules.world import HOME_MEAL
 from town.selectors import run_clock, run_summary
 
 
@@ -32,7 +33,9 @@ def food_offer(*, run: Run) -> FoodOffer:
 def decision_records(*, run: Run) -> list[DecisionRecord]:
     places = dict(Place.objects.filter(town_id=run.town_id).values_list("id", "name"))
     people = Resident.objects.filter(town_id=run.town_id).values_list("name", flat=True)
-    names = frozenset([*places.values(), *people])
+    menus = Place.objects.filter(town_id=run.town_id).values_list("menu", flat=True)
+    items = [item["item"] for menu in menus for item in menu]
+    names = frozenset([*places.values(), *people, *items, HOME_MEAL.item])
     decisions = (
         Decision.objects.filter(run=run, status=Decision.Status.APPLIED)
         .select_related("tick", "resident")
