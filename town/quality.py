@@ -8,9 +8,10 @@ Definitions:
 - **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
   appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
   content words and at least ECHO_LINE_SHARE of them occur in one line of the prompt. Content
-  words are those not in STOPWORDS and not part of a name of the town (its places, people and
-  menu items: "I am going to eat at Midori House" names its place, it does not copy the line
-  that offers it). Words are lower-cased runs of letters and digits.
+  words are those not in STOPWORDS, not an action's name (go, buy, eat, ...) and not part of a
+  name of the town (its places, people and menu items): "I am going to eat at Midori House"
+  names its choice, it does not copy the line that offers it. Words are lower-cased runs of
+  letters and digits.
 - **pressing need** and **critical** (starving or exhausted): town/rules/needs.py, the town's
   own thresholds; critical is counted per resident-tick (one decision's prompt state).
 - **addressed**: a pressing need was *offered* something for it, and the decision took it.
@@ -30,6 +31,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from town.rules.actions import ACTIONS
 from town.rules.needs import EXHAUSTED, STARVING, pressing_need
 from town.rules.world import HOME_MEAL
 
@@ -97,7 +99,7 @@ def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset())
             span = " ".join(said[start : start + ECHO_SPAN_WORDS])
             if f" {span} " in text:
                 return span
-    named = {w for name in names for w in words(name)}
+    named = {w for name in names for w in words(name)} | set(ACTIONS)
     content = {w for w in said if w not in STOPWORDS and w not in named}
     if len(content) < ECHO_MIN_CONTENT_WORDS:
         return ""

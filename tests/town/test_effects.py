@@ -156,6 +156,19 @@ def test_work_rest_and_time(world):
     assert world.resident(2).hunger == 100  # bounded
 
 
+def test_a_full_resident_is_offered_no_food(world):
+    aki = world.resident(1)
+    aki.place_id, aki.hunger = BAKERY, 20
+    assert "buy" not in action_options(world, aki)
+    assert "is full (hunger 20)" in action_problem(world, aki, "buy", "melon pan")
+    chie = world.resident(3)  # at the café: a latte is a drink, not food
+    chie.hunger = 10
+    assert action_options(world, chie)["buy"] == ["latte"]
+    aki.place_id = HOME
+    assert "eat" not in action_options(world, aki)
+    assert "no meal now" in action_problem(world, aki, "eat", "Home")
+
+
 def test_a_resident_at_home_can_eat_a_meal_they_can_afford(world):
     aki, ben = world.resident(1), world.resident(2)  # ¥1000 and ¥100, both at home
     assert action_options(world, aki)["eat"] == ["Home"]
@@ -187,6 +200,11 @@ def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world)
     aki.recent_choices = [("talk", "Ben"), ("talk", "Ben")]
     assert "talk" not in action_options(world, aki)
     assert "the last 2 ticks" in action_problem(world, aki, "talk", "Ben")
+    chie = world.resident(3)  # at the café: buying something else is still buying
+    chie.recent_choices = [("buy", "latte"), ("buy", "espresso")]
+    assert "buy" not in action_options(world, chie)
+    chie.recent_choices = [("go", "Cafe"), ("go", "Home")]  # walking about is not a loop
+    assert "go" in action_options(world, chie)
     aki.recent_choices = [("talk", "Ben"), ("stay", "Home")]  # not the same twice
     assert action_options(world, aki)["talk"] == ["Ben"]
     aki.recent_choices = [("rest", "Home"), ("rest", "Home")]  # resting again has a cause

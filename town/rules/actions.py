@@ -1,9 +1,10 @@
 """The town's rules: which actions a resident may take now, and what is wrong with one it may not.
 
 A starving or exhausted resident is offered only the actions that answer that need (when any
-does: town/rules/needs.py); a pressing need's answers are listed first; and a choice made
-REPEAT_TICKS ticks in a row without cause (not rest, not work, not answering a pressing need)
-is left out the next time. The model still makes the choice among what is offered.
+does: town/rules/needs.py); a pressing need's answers are listed first; a full resident is not
+offered food; and an action taken REPEAT_TICKS ticks in a row without cause (not go, rest or
+work, not answering a pressing need) is left out the next time. The model still makes the
+choice among what is offered.
 
 The decision schema offers exactly `action_options`, so a model decoding under it cannot name a
 closed or non-existent place; `action_problem` re-checks at apply time, because residents applied
@@ -12,8 +13,8 @@ earlier in the tick change the town (a place fills up, a friend walks away).
 
 from __future__ import annotations
 
-from town.rules.needs import cheapest_food, critical_need, is_food, pressing_need
-from town.rules.world import HOME_MEAL, ResidentView, World
+from town.rules.needs import FULL, cheapest_food, critical_need, is_food, pressing_need
+from town.rules.world import HOME_MEAL, PlaceView, ResidentView, World
 
 ACTIONS = ("go", "stay", "buy", "eat", "talk", "rest", "work")
 
@@ -29,7 +30,7 @@ ACTION_HELP = {
 
 
 REPEAT_TICKS = 2
-_REPEATABLE = ("rest", "work")
+_REPEATABLE = ("go", "rest", "work")
 
 
 def action_options(world: World, resident: ResidentView) -> dict[str, list[str]]:
@@ -41,17 +42,22 @@ def action_options(world: World, resident: ResidentView) -> dict[str, list[str]]
 def _without_repeats(
     world: World, resident: ResidentView, options: dict[str, list[str]]
 ) -> dict[str, list[str]]:
-    """Leave out the choice made in each of the last REPEAT_TICKS ticks, unless it is rest, work
-    or an answer to a pressing need (or nothing else would be left)."""
+    """Leave out the action taken in each of the last REPEAT_TICKS ticks (whatever its target:
+    buying something else at the same counter is still the same loop), unless it is go, rest or
+    work, or answers a pressing need now (or nothing else would be left)."""
     recent = resident.recent_choices[:REPEAT_TICKS]
-    if len(recent) < REPEAT_TICKS or len(set(recent)) != 1:
+    actions = {action for action, _ in recent}
+    if len(recent) < REPEAT_TICKS or len(actions) != 1:
         return options
-    action, target = recent[0]
+    action = actions.pop()
+    if action in _REPEATABLE:
+        return options
     need = pressing_need(resident.hunger, resident.energy)
-    if action in _REPEATABLE or (need and answers_need(world, resident, need, action, target)):
+    if need and any(
+        answers_need(world, resident, need, action, t) for t in options.get(action, [])
+    ):
         return options
-    kept = {a: [t for t in ts if (a, t) != (action, target)] for a, ts in options.items()}
-    kept = {a: ts for a, ts in kept.items() if ts}
+    kept = {a: ts for a, ts in options.items() if a != action}
     return kept or options
 
 
@@ -80,13 +86,25 @@ def _possible(world: World, resident: ResidentView) -> dict[str, list[str]]:
     options: dict[str, list[str]] = {
         "go": [p.name for p in world.places if p.id != here.id and world.can_enter(resident, p)],
         "stay": [here.name] if here_open else [],
-        "buy": [i.item for i in here.menu if i.price <= resident.money] if here_open else [],
-        "eat": [here.name] if at_home and resident.money >= HOME_MEAL.price else [],
+        "buy": [i.item for i in here.menu if _buyable(here, i.item, resident)] if here_open else [],
+        "eat": [here.name] if at_home and _can_eat(resident, HOME_MEAL.price) else [],
         "talk": [r.name for r in world.occupants(here.id) if r.id != resident.id],
         "rest": [here.name] if at_home else [],
         "work": [here.name] if here.id == resident.workplace_id and here_open else [],
     }
     return {action: targets for action, targets in options.items() if targets}
+
+
+def _can_eat(resident: ResidentView, price: int) -> bool:
+    return resident.hunger >= FULL and price <= resident.money
+
+
+def _buyable(place: PlaceView, item: str, resident: ResidentView) -> bool:
+    """Affordable, and not food for a resident who is full."""
+    found = place.menu_item(item)
+    if found is None or found.price > resident.money:
+        return False
+    return resident.hunger >= FULL or not is_food(place, item)
 
 
 def _narrowed_to_need(
@@ -147,7 +165,7 @@ def action_problem(world: World, resident: ResidentView, action: str, target: st
     if need:
         state, what = ("starving", "food") if need == "hunger" else ("exhausted", "rest")
         return f"{resident.name} is {state}: only {what} is offered now"
-    return f"{resident.name} did {action} {target!r} the last {REPEAT_TICKS} ticks: not again now"
+    return f"{resident.name} did {action} the last {REPEAT_TICKS} ticks: something else now"
 
 
 def _why_not(world: World, resident: ResidentView, action: str, target: str, here: str) -> str:
@@ -158,11 +176,15 @@ def _why_not(world: World, resident: ResidentView, action: str, target: str, her
         item = place.menu_item(target)
         if item is None:
             return f"{here} does not sell {target!r}"
+        if item.price <= resident.money:
+            return f"{resident.name} is full (hunger {resident.hunger}): no food now"
         return f"{target} costs ¥{item.price} but {resident.name} has ¥{resident.money}"
     if action == "talk":
         return f"{target!r} is not at {here} now"
     if action in ("rest", "eat"):
         if action == "eat" and place.id == resident.home_id:
+            if resident.hunger < FULL:
+                return f"{resident.name} is full (hunger {resident.hunger}): no meal now"
             return (
                 f"a meal at home costs ¥{HOME_MEAL.price} but {resident.name} has ¥{resident.money}"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from town.rules.world import HOME_MEAL, PlaceView
 
+FULL = 30  # below this hunger, nobody is offered food
 HUNGRY, STARVING = 70, 90
 TIRED, EXHAUSTED = 25, 10
 FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
@@ -38,7 +39,7 @@ def hunger_words(hunger: int) -> str:
         return "starving: must eat now"
     if hunger >= HUNGRY:
         return "hungry: should eat soon"
-    if hunger >= 40:
+    if hunger >= FULL:
         return "a little hungry"
     return "full"
 
