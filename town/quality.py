@@ -6,12 +6,13 @@ from a run's stored decisions and keeps the result on the run.
 
 Definitions:
 - **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
-  appears in one prompt message, word for word; or when it has at least ECHO_MIN_CONTENT_WORDS
-  content words and at least ECHO_LINE_SHARE of them occur in one line of the prompt. Content
-  words are those not in STOPWORDS, not an action's name (go, buy, eat, ...) and not part of a
-  name of the town (its places, people and menu items): "I am going to eat at Midori House"
-  names its choice, it does not copy the line that offers it. Words are lower-cased runs of
-  letters and digits.
+  appears in one prompt message, word for word, with at least ECHO_SPAN_OWN content words in it
+  ("buy a vending machine green tea at Sakura Park" names things, it copies nothing); or when it
+  has at least ECHO_MIN_CONTENT_WORDS content words and at least ECHO_LINE_SHARE of them occur
+  in one line of the prompt. Content words are those not in STOPWORDS, not an action's name (go,
+  buy, eat, ...) and not part of a name of the town (its places, people and menu items): "I am
+  going to eat at Midori House" names its choice, it does not copy the line that offers it.
+  Words are lower-cased runs of letters and digits.
 - **pressing need** and **critical** (starving or exhausted): town/rules/needs.py, the town's
   own thresholds; critical is counted per resident-tick (one decision's prompt state).
 - **addressed**: a pressing need was *offered* something for it, and the decision took it.
@@ -36,6 +37,7 @@ from town.rules.needs import EXHAUSTED, STARVING, pressing_need
 from town.rules.world import HOME_MEAL
 
 ECHO_SPAN_WORDS = 6
+ECHO_SPAN_OWN = 2  # a copied span counts when at least this many of its words are not names
 ECHO_MIN_CONTENT_WORDS = 3
 ECHO_LINE_SHARE = 0.6
 NUM_SAMPLES = 20
@@ -93,13 +95,13 @@ def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset())
     said = words(reason)
     if not said:
         return ""
+    named = {w for name in names for w in words(name)} | set(ACTIONS)
     for message in prompt:
         text = " " + " ".join(words(message)) + " "
         for start in range(len(said) - ECHO_SPAN_WORDS + 1):
-            span = " ".join(said[start : start + ECHO_SPAN_WORDS])
-            if f" {span} " in text:
-                return span
-    named = {w for name in names for w in words(name)} | set(ACTIONS)
+            span = said[start : start + ECHO_SPAN_WORDS]
+            if f" {' '.join(span)} " in text and _num_own_words(span, named) >= ECHO_SPAN_OWN:
+                return " ".join(span)
     content = {w for w in said if w not in STOPWORDS and w not in named}
     if len(content) < ECHO_MIN_CONTENT_WORDS:
         return ""
@@ -109,6 +111,10 @@ def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset())
             if len(shared) >= ECHO_LINE_SHARE * len(content):
                 return line.strip()
     return ""
+
+
+def _num_own_words(span: list[str], named: set[str]) -> int:
+    return sum(w not in STOPWORDS and w not in named for w in span)
 
 
 def need_choices(record: DecisionRecord, need: str, food: FoodOffer) -> set[tuple[str, str]]:

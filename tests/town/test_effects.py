@@ -209,6 +209,9 @@ def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world)
     assert action_options(world, aki)["talk"] == ["Ben"]
     aki.recent_choices = [("rest", "Home"), ("rest", "Home")]  # resting again has a cause
     assert action_options(world, aki)["rest"] == ["Home"]
+    aki.energy = 90  # ... until rested
+    assert "rest" not in action_options(world, aki)
+    aki.energy = 50
     aki.recent_choices, aki.hunger = [("eat", "Home"), ("eat", "Home")], 75  # still hungry
     assert action_options(world, aki)["eat"] == ["Home"]
 

@@ -76,6 +76,9 @@ def test_naming_an_offered_place_is_not_an_echo_but_copying_its_line_is():
     prompt = ["- go: Panya Mugi (bakery, food from 160 yen); Cafe Sora (cafe, food from 700 yen)"]
     names = frozenset({"Panya Mugi", "Cafe Sora"})
     assert not echo_of("I want melon pan at Panya Mugi.", prompt, names)
+    table = ["| Sakura Park | park | always open | vending machine green tea 150 |"]
+    names = frozenset({"Sakura Park", "vending machine green tea"})
+    assert not echo_of("I want to buy a vending machine green tea at Sakura Park.", table, names)
     assert echo_of("I go to the food from 700 yen.", prompt, names)
 
 

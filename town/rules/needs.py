@@ -13,6 +13,9 @@ from town.rules.world import HOME_MEAL, PlaceView
 FULL = 30  # below this hunger, nobody is offered food
 HUNGRY, STARVING = 70, 90
 TIRED, EXHAUSTED = 25, 10
+# From here on the menu holds only what answers the need (when anything does): before the
+# resident is starving or exhausted, so that one tick's walk to food or home comes in time.
+MUST_EAT, MUST_REST = 80, 15
 FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
 
 
@@ -27,9 +30,9 @@ def pressing_need(hunger: int, energy: int) -> str:
 
 
 def critical_need(hunger: int, energy: int) -> str:
-    """The pressing need when it is critical (starving or exhausted), else ''."""
+    """The pressing need when it must be met now (MUST_EAT, MUST_REST), else ''."""
     need = pressing_need(hunger, energy)
-    if (need == "hunger" and hunger >= STARVING) or (need == "energy" and energy <= EXHAUSTED):
+    if (need == "hunger" and hunger >= MUST_EAT) or (need == "energy" and energy <= MUST_REST):
         return need
     return ""
 
@@ -37,6 +40,8 @@ def critical_need(hunger: int, energy: int) -> str:
 def hunger_words(hunger: int) -> str:
     if hunger >= STARVING:
         return "starving: must eat now"
+    if hunger >= MUST_EAT:
+        return "very hungry: must eat now"
     if hunger >= HUNGRY:
         return "hungry: should eat soon"
     if hunger >= FULL:
@@ -47,6 +52,8 @@ def hunger_words(hunger: int) -> str:
 def energy_words(energy: int) -> str:
     if energy <= EXHAUSTED:
         return "exhausted: must rest at home now"
+    if energy <= MUST_REST:
+        return "very tired: must rest at home now"
     if energy <= TIRED:
         return "tired: should go home and rest"
     if energy <= 50:
