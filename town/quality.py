@@ -5,7 +5,9 @@ crafted examples (tests/town/test_quality.py). `town/services/quality.py` builds
 from a run's stored decisions and keeps the result on the run.
 
 Definitions:
-- **echo**: a reason copies the prompt when any span of ECHO_SPAN_WORDS consecutive words of it
+- **echo**: a reason copies the prompt when all of it (after its leading "I", at least
+  ECHO_WHOLE_WORDS words: "I can do now." from "What Aoi can do now") appears in one prompt
+  message, word for word; or when any span of ECHO_SPAN_WORDS consecutive words of it
   appears in one prompt message, word for word, with at least ECHO_SPAN_OWN content words in it
   ("buy a vending machine green tea at Sakura Park" names things, it copies nothing); or when it
   has at least ECHO_MIN_CONTENT_WORDS content words and at least ECHO_LINE_SHARE of them occur
@@ -38,6 +40,7 @@ from town.rules.world import HOME_MEAL
 
 ECHO_SPAN_WORDS = 6
 ECHO_SPAN_OWN = 2  # a copied span counts when at least this many of its words are not names
+ECHO_WHOLE_WORDS = 3  # a reason (after its "I") this long, all of it found in the prompt
 ECHO_MIN_CONTENT_WORDS = 3
 ECHO_LINE_SHARE = 0.6
 NUM_SAMPLES = 20
@@ -96,8 +99,11 @@ def echo_of(reason: str, prompt: list[str], names: frozenset[str] = frozenset())
     if not said:
         return ""
     named = {w for name in names for w in words(name)} | set(ACTIONS)
+    whole = said[1:] if said[0] == "i" else said  # a reason is "I ..." by its schema
     for message in prompt:
         text = " " + " ".join(words(message)) + " "
+        if len(whole) >= ECHO_WHOLE_WORDS and f" {' '.join(whole)} " in text:
+            return " ".join(whole)
         for start in range(len(said) - ECHO_SPAN_WORDS + 1):
             span = said[start : start + ECHO_SPAN_WORDS]
             if f" {' '.join(span)} " in text and _num_own_words(span, named) >= ECHO_SPAN_OWN:

@@ -53,6 +53,7 @@ def _record(**fields) -> DecisionRecord:
         "He will go only to a place that is open now",  # a six-word span of a rule
         "70 hunger eat soon",  # most of one line's content words
         "Go home and rest energy below",
+        "I can do now.",  # all of it, from "What you can do now"
     ],
 )
 def test_a_reason_that_copies_the_prompt_is_an_echo(reason):

@@ -182,3 +182,22 @@ def test_the_world_knows_each_residents_choices_of_the_last_two_ticks():
     assert choices[3] == []  # the refused stay broke the run of choices
     ben = world_load(run=run, tick_index=2).residents[1]
     assert ben.recent_choices == []  # refused answers are no choices
+
+
+def test_a_talk_finds_the_one_who_walks_away_in_the_same_tick():
+    """Aki leaves for the café while Ben, after her in resident order, talks to her: what is
+    done where the residents stood is applied before anyone goes."""
+    run = services.run_start(run=run_factory(town=small_town_factory(), minutes_per_tick=60))
+    Run.objects.filter(pk=run.pk).update(start_minutes=9 * 60)
+    run.refresh_from_db()
+    tick = services.tick_begin(run=run)
+    aki, ben, chie, dai = tick.decisions.order_by("resident_id")
+    _answer(aki, {"action": "go", "target": "Cafe", "reason": "I need coffee."})
+    _answer(ben, {"action": "talk", "target": "Aki", "reason": "I want to say hello."})
+    Decision.objects.filter(pk__in=[chie.pk, dai.pk]).update(
+        status=Decision.Status.FAILED, error="engine refused: test"
+    )
+    services.tick_finish(tick=tick)
+    aki, ben = (Decision.objects.get(pk=d.pk) for d in (aki, ben))
+    assert (aki.valid, ben.valid) == (True, True), ben.error
+    assert Memory.objects.filter(run=run, resident__name="Aki", text__contains="Ben").exists()

@@ -83,7 +83,7 @@ _FORMAT = (
     "Answer with one JSON object and nothing else, with exactly these keys in this order:\n"
     '{{"action": ..., "target": ..., "reason": ...}}\n'
     "- action (required): one of go, stay, buy, eat, talk, rest, work; only an action listed "
-    'under "What ... can do now".\n'
+    'under "Options".\n'
     "- target (required): exactly one of the options listed for that action, spelled as listed.\n"
     "- reason (required): the resident's own thought, one short sentence in the first person, "
     'starting with "I" and ending with a full stop, at most {chars} characters, in your own '
@@ -348,7 +348,7 @@ def _option_label(world: World, resident: ResidentView, action: str, target: str
 def _options(world: World, resident: ResidentView, options: dict[str, list[str]]) -> str:
     """What the resident can do now, each option with its effect. The prompt ends here, on the
     resident's situation, not on an instruction a small model would copy as its reason."""
-    lines = [f"## What {resident.name} can do now"]
+    lines = [f"## Options for {resident.name} this turn"]
     for action, targets in options.items():
         labels = [_option_label(world, resident, action, t) for t in targets]
         lines.append(f"- {action}: {'; '.join(labels)}")

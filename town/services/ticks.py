@@ -1,5 +1,6 @@
 """Tick services: begin a tick (one prompt and Decision per resident, from one snapshot of the
-town) and finish it (apply every answer in resident order, let time pass, store, count).
+town) and finish it (apply every answer in resident order, those that stay before those that
+go, let time pass, store, count).
 
 Finishing is one transaction, so a tick is either wholly applied or not at all: a tick loop
 that dies mid-tick leaves the tick open, and the next one picks it up where it was.
@@ -16,6 +17,7 @@ from town.rules.effects import time_passes
 from town.rules.prompts import prompt_build
 from town.rules.world import World
 from town.selectors import tick_decisions, tick_open, world_load
+from town.services.choices import decision_parse
 from town.services.decisions import decision_apply
 
 S = Run.Status
@@ -78,7 +80,7 @@ def tick_finish(*, tick: Tick) -> Tick:
     places_before = {r.id: r.place_id for r in world.residents}
     decisions = tick_decisions(tick=tick)
     notes = []
-    for decision in decisions:
+    for decision in sorted(decisions, key=_moves_last):
         notes += decision_apply(world=world, decision=decision)
     time_passes(world)
     _world_save(run=run, world=world)
@@ -99,6 +101,13 @@ def tick_finish(*, tick: Tick) -> Tick:
         status_before=status_before,
     )
     return tick
+
+
+def _moves_last(decision: Decision) -> bool:
+    """Everything done where the residents stood is applied before anyone walks away (in
+    resident order within each): a talk finds the people the prompt showed there."""
+    value, _ = decision_parse(decision=decision)
+    return value is not None and value["action"] == "go"
 
 
 def _run_count_tick(run: Run) -> None:
