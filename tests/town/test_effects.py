@@ -203,8 +203,10 @@ def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world)
     chie = world.resident(3)  # at the café: buying something else is still buying
     chie.recent_choices = [("buy", "latte"), ("buy", "espresso")]
     assert "buy" not in action_options(world, chie)
-    chie.recent_choices = [("go", "Cafe"), ("go", "Home")]  # walking about is not a loop
-    assert "go" in action_options(world, chie)
+    chie.recent_choices = [("go", "Cafe"), ("go", "Bar")]  # walking on and on is one too
+    assert "go" not in action_options(world, chie)
+    chie.hunger = 75  # ... unless it takes her to food
+    assert action_options(world, chie)["go"] == ["Home", "Bakery"]  # both feed her
     aki.recent_choices = [("talk", "Ben"), ("stay", "Home")]  # not the same twice
     assert action_options(world, aki)["talk"] == ["Ben"]
     aki.recent_choices = [("rest", "Home"), ("rest", "Home")]  # resting again has a cause

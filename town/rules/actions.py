@@ -2,8 +2,9 @@
 
 A resident who must eat or rest now is offered only the actions that answer that need (when any
 does: town/rules/needs.py); a pressing need's answers are listed first; a full resident is not
-offered food; and an action taken REPEAT_TICKS ticks in a row without cause (not go or work,
-not rest while below RESTED energy, not answering a pressing need) is left out the next time.
+offered food; and an action taken REPEAT_TICKS ticks in a row without cause (not work, not
+rest while below RESTED energy, not answering a pressing need) is left out the next time:
+walking on from place to place every turn is a loop too.
 The model still makes the choice among what is offered.
 
 The decision schema offers exactly `action_options`, so a model decoding under it cannot name a
@@ -30,7 +31,7 @@ ACTION_HELP = {
 
 
 REPEAT_TICKS = 2
-_REPEATABLE = ("go", "work")
+_REPEATABLE = ("work",)
 RESTED = 60  # resting on and on is a loop once energy is at least this
 
 
@@ -44,8 +45,9 @@ def _without_repeats(
     world: World, resident: ResidentView, options: dict[str, list[str]]
 ) -> dict[str, list[str]]:
     """Leave out the action taken in each of the last REPEAT_TICKS ticks (whatever its target:
-    buying something else at the same counter is still the same loop), unless it is go or work,
-    rest while not yet rested, or answers a pressing need now (or nothing else would be left)."""
+    buying something else at the same counter, or walking on to yet another place, is still the
+    same loop), unless it is work, rest while not yet rested, or answers a pressing need now (or
+    nothing else would be left)."""
     recent = resident.recent_choices[:REPEAT_TICKS]
     actions = {action for action, _ in recent}
     if len(recent) < REPEAT_TICKS or len(actions) != 1:
@@ -84,16 +86,14 @@ def _possible(world: World, resident: ResidentView) -> dict[str, list[str]]:
     here = world.place(resident.place_id)
     here_open = here.is_open(world.clock)
     at_home = here.id == resident.home_id
-    # Listed in this order (a small model leans to what comes first): moving and meeting people
-    # before buying and staying.
     options: dict[str, list[str]] = {
         "go": [p.name for p in world.places if p.id != here.id and world.can_enter(resident, p)],
-        "talk": [r.name for r in world.occupants(here.id) if r.id != resident.id],
-        "work": [here.name] if here.id == resident.workplace_id and here_open else [],
+        "stay": [here.name] if here_open else [],
         "buy": [i.item for i in here.menu if _buyable(here, i.item, resident)] if here_open else [],
         "eat": [here.name] if at_home and _can_eat(resident, HOME_MEAL.price) else [],
+        "talk": [r.name for r in world.occupants(here.id) if r.id != resident.id],
         "rest": [here.name] if at_home else [],
-        "stay": [here.name] if here_open else [],
+        "work": [here.name] if here.id == resident.workplace_id and here_open else [],
     }
     return {action: targets for action, targets in options.items() if targets}
 
