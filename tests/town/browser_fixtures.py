@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -33,7 +34,9 @@ from town.simulation import InlineSend, tick_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DOCS = REPO_ROOT / "docs"
+# Where the browser tests save what they saw: POKOMACHI_SCREENSHOT_DIR when set, else a
+# scratch folder (the README's screenshots in docs/ are made on purpose, not by every test run).
+DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir()) / "pokomachi-shots"
 
 # The real model (POKOMACHI_MODEL=smollm2-135m-instruct, for the README's screenshots) takes
 # minutes per tick on a shared CPU; the tiny default model seconds.

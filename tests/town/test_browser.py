@@ -2,7 +2,8 @@
 serving the project's ASGI application on the test database, with ticks run in this process
 (the tiny model, InlineSend) and their events reaching the page over the real Redis layer.
 
-Saves docs/town-view.png (1280×800) and docs/town-view-phone.png (390×844).
+Saves town-view.png (1280×800) and town-view-phone.png (390×844) under
+$POKOMACHI_SCREENSHOT_DIR/pokomachi-shots (default: the system's temp folder).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     # Tick 2, held: thinking again, speech bubbles of tick 1 still up. The screenshot.
     tick = TickInBackground(run, gated=True)
     page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
-    DOCS.mkdir(exist_ok=True)
+    DOCS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view.png"))
     # A page opened now starts from a snapshot that already shows who is thinking.
     other = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -236,7 +237,7 @@ def test_the_live_page_fits_a_phone_screen(web_server, browser):
     assert side["y"] >= box["y"] + box["height"] - 1 and side["width"] <= 390
     assert page.locator("#feed .feed-item").count() == 10
     page.wait_for_timeout(300)
-    DOCS.mkdir(exist_ok=True)
+    DOCS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view-phone.png"))
 
 
