@@ -159,6 +159,7 @@ def test_bad_after_unknown_run_and_foreign_origin_are_refused(run):
         message = await ws.receive_json_from(timeout=5)
         assert message["type"] == "error" and "whole number" in message["message"]
         assert (await ws.receive_output(timeout=5))["code"] == 4400
+        await ws.disconnect()  # the consumer's task ends here, not when the loop closes
 
         ws = _communicator(f"/ws/runs/{run.pk + 1000}/")
         connected, code = await ws.connect()
