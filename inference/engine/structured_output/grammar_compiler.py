@@ -230,7 +230,11 @@ def compile_in_thread(
 
     thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
     thread.start()
-    cpu_clock = time.pthread_getcpuclockid(thread.ident)
+    try:
+        cpu_clock = time.pthread_getcpuclockid(thread.ident)
+    except OSError:  # the thread finished already (a small schema): no clock to read
+        thread.join()
+        cpu_clock = None
     wall_deadline = time.monotonic() + WALL_DEADLINE_FACTOR * timeout_s
     try:
         while True:
@@ -238,6 +242,8 @@ def compile_in_thread(
                 return done.result(timeout=min(COMPILE_POLL_S, timeout_s))
             except TimeoutError:
                 pass
+            if cpu_clock is None:
+                continue
             try:
                 cpu_s = time.clock_gettime(cpu_clock)
             except OSError:  # the thread ended between the wait and this read
