@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from town.models import Decision, Place, Resident, Run
 from town.quality import DecisionRecord, FoodOffer, TownQuality, town_quality_measure
-from town.rules.needs import FOOD_MIN_HUNGER
+from town.rules.needs import cheapest_food, is_food
 from town.rules.world import HOME_MEAL
-from town.selectors import run_clock, run_summary
+from town.selectors import place_view, run_clock, run_summary
 
 
 def options_from_schema(schema: dict) -> dict[str, list[str]]:
@@ -20,13 +20,16 @@ def options_from_schema(schema: dict) -> dict[str, list[str]]:
 
 
 def food_offer(*, run: Run) -> FoodOffer:
+    """The town's food by the rules' own definition (town/rules/needs.py): its items, and the
+    cheapest food of each place that sells some."""
     items: set[str] = set()
     places: dict[str, int] = {}
     for place in Place.objects.filter(town_id=run.town_id):
-        food = [i for i in place.menu if -i.get("hunger", 0) >= FOOD_MIN_HUNGER]
-        items.update(i["item"] for i in food)
-        if food:
-            places[place.name] = min(i["price"] for i in food)
+        view = place_view(place, frozenset())
+        items.update(i.item for i in view.menu if is_food(view, i.item))
+        price = cheapest_food(view, is_home=False)
+        if price is not None:
+            places[place.name] = price
     return FoodOffer(items=frozenset(items), places=places)
 
 
