@@ -34,7 +34,7 @@ from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
-from inference.engine.runner.model_runner import ModelRunner, layer_types_of
+from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, layer_types_of
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,13 @@ class LLMEngine:
             scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
         )
         dtype = getattr(torch, running.dtype)
-        # kv_bytes_per_token counts fp32 K/V; a bf16 cache fits twice the blocks in the budget.
-        bytes_per_block = cache.block_size * loaded.config.kv_bytes_per_token
-        bytes_per_block = bytes_per_block * dtype.itemsize // 4
+        # Both groups have num_blocks blocks; the sizes count fp32, a bf16 cache fits twice
+        # the blocks in the budget.
+        group_bytes = {
+            group: size * dtype.itemsize // 4
+            for group, size in group_block_bytes(loaded.config, cache.block_size).items()
+        }
+        bytes_per_block = sum(group_bytes.values())
         self.num_blocks = cache.num_kv_blocks or cache.kv_cache_memory_bytes // bytes_per_block
         if self.num_blocks < 2:
             raise ValueError(
@@ -102,10 +106,7 @@ class LLMEngine:
         )
         self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
         # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
-        num_sliding_layers = layer_types_of(loaded.config).count("sliding")
-        self.sliding_block_bytes = (
-            bytes_per_block * num_sliding_layers // len(layer_types_of(loaded.config))
-        )
+        self.sliding_block_bytes = group_bytes.get("sliding", 0)
         self.scheduler = Scheduler(
             self.kv_cache_manager,
             scheduling.max_num_seqs,

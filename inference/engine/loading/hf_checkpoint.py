@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from inference.engine.loading.tokenizer import Tokenizer
 
-HF_MODEL_TYPES = {"llama": "llama"}
+HF_MODEL_TYPES = {"llama": "llama", "deepseek_v4": "deepseek_v4"}
 
 
 def is_hf_checkpoint(path: Path) -> bool:
@@ -38,7 +38,9 @@ def read_hf_weights(path: Path, dtype: torch.dtype = torch.float32) -> dict[str,
         raise ValueError(f"no .safetensors files in {path}")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        weights.update({k: v.to(dtype) for k, v in load_file(str(file)).items()})
+        # Integer tensors (DeepSeek-V4's hash-routing table) keep their type.
+        tensors = load_file(str(file))
+        weights.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
     return weights
 
 

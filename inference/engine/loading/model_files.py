@@ -48,8 +48,13 @@ TINY_RANDOM_MODELS: dict[str, str] = {
 }
 
 
+# Built from a config with seeded random weights and written as a checkpoint directory on
+# first load (models/deepseek_v4_tiny.py); its tokenizer is SmolLM2's.
+GENERATED_MODELS = ("deepseek-v4-tiny-random",)
+
+
 def known_model_names() -> list[str]:
-    return sorted([*BUNDLED_MODELS, *TINY_RANDOM_MODELS])
+    return sorted([*BUNDLED_MODELS, *TINY_RANDOM_MODELS, *GENERATED_MODELS])
 
 
 def gguf_path_for(name: str) -> Path:

@@ -26,13 +26,15 @@ from inference.engine.loading.hf_checkpoint import (
 )
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
 from inference.engine.loading.tokenizer import Tokenizer
-from inference.engine.models import gemma3, llama
+from inference.engine.models import deepseek_v4, deepseek_v4_config, deepseek_v4_tiny, gemma3, llama
 
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = {
     "llama": (llama.LlamaConfig, llama.LlamaForCausalLM, llama.gguf_names_to_hf),
     "gemma3": (gemma3.Gemma3Config, gemma3.Gemma3ForCausalLM, gemma3.gguf_names_to_hf),
+    # Hugging Face checkpoints only (no GGUF names).
+    "deepseek_v4": (deepseek_v4_config.DeepseekV4Config, deepseek_v4.DeepseekV4ForCausalLM, None),
 }
 
 # Small enough that a test step takes milliseconds, big enough to exercise GQA and RoPE.
@@ -61,6 +63,8 @@ class LoadedModel:
 
 def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     started = time.monotonic()
+    if name == deepseek_v4_tiny.NAME:  # written once as a checkpoint directory, then loaded as one
+        return _load_hf_checkpoint(deepseek_v4_tiny.tiny_checkpoint(seed), device)
     path = gguf_path_for(name)
     if is_hf_checkpoint(path):
         return _load_hf_checkpoint(path, device)

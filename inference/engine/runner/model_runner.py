@@ -58,8 +58,16 @@ class ModelRunner:
         self.layer_types = layer_types
         self.has_sliding = "sliding" in layer_types
         self.sliding_window = getattr(cfg, "sliding_window", None)
+        own_state = hasattr(self.model, "allocate_state")  # a model with its own paged state
         self.metadata_builder: MetadataBuilder
-        if use_kernels:
+        if own_state:
+            if use_kernels:
+                raise ValueError(
+                    f"attention_backend='triton' has no kernel for {type(self.model).__name__} "
+                    "yet; use attention_backend='torch'"
+                )
+            self.metadata_builder = self.model.metadata_builder(block_size, device)
+        elif use_kernels:
             from inference.engine.kernels._common import check_device
 
             check_device(device)  # on CPU: refuses unless the interpreter is on
@@ -79,9 +87,14 @@ class ModelRunner:
             copy_slots = copy_slots_reference  # the same torch ops, without importing triton
         self._copy_slots = copy_slots
         # Both groups have num_blocks blocks (see llm_engine).
-        self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
-            layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
-        )
+        self.state = None
+        if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4_state)
+            self.state = self.model.allocate_state(num_blocks, block_size, dtype, device)
+            self.kv_caches = self.state.layers
+        else:
+            self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
+                layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+            )
         self.graphs = None
         # A graph records one set of block tables; sliding-window layers with their own window
         # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
@@ -95,6 +108,9 @@ class ModelRunner:
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         """Copy each record's first `num_slots` slots from its source block to its destination,
         in every layer of its group (full or sliding): one copy_slots per group."""
+        if self.state is not None:
+            self.state.copy_blocks(copies)
+            return
         size = self.block_size
         for group, cache in self.group_caches.items():
             mine = [c for c in copies if c.group == group]
@@ -177,6 +193,16 @@ class ModelRunner:
 def layer_types_of(config) -> tuple[str, ...]:
     """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
     return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)
+
+
+def group_block_bytes(config, block_size: int) -> dict[str, int]:
+    """fp32 bytes one block of each KV group holds across its layers. A model whose state is
+    not plain K/V per token (DeepSeek-V4) says so itself (`kv_group_bytes_per_block`)."""
+    if hasattr(config, "kv_group_bytes_per_block"):
+        return config.kv_group_bytes_per_block(block_size)
+    types = layer_types_of(config)
+    per_layer = block_size * config.kv_bytes_per_token_per_layer
+    return {kind: per_layer * types.count(kind) for kind in ("full", "sliding") if kind in types}
 
 
 def allocate_kv_cache(
