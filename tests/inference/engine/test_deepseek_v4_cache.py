@@ -1,0 +1,125 @@
+"""DeepSeek-V4's paged state in the engine (deepseek-v4-tiny-random): exact entry counts in the
+compressed pools, hits at retention checkpoints (also where the HCA buffer is not empty),
+evictions accounted for, and continuous batching with preemption giving the outputs each
+prompt gets alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.models.deepseek_v4_tiny import NAME
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+# vLLM's rounding (blocks and the retention grid), as in test_hybrid_engine.
+ROUNDING = dict(
+    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
+)
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 49_000) for _ in range(n)]
+
+
+def accounted(metrics) -> int:
+    return (
+        metrics.num_cached_tokens
+        + metrics.num_lost_to_retention
+        + metrics.num_lost_to_alignment
+        + metrics.num_lost_to_eviction
+        + metrics.num_cold_tokens
+    )
+
+
+@pytest.fixture
+def make_engine():
+    engines = []
+
+    def make(**overrides) -> LLMEngine:
+        config = dict(model=NAME, num_kv_blocks=128, max_num_batched_tokens=128)
+        engines.append(LLMEngine(EngineConfig(**{**config, **overrides})))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cold():
+    engine = LLMEngine(EngineConfig(model=NAME, num_kv_blocks=128, enable_prefix_caching=False))
+    yield engine
+    engine.shutdown()
+
+
+def filled_rows(pool: torch.Tensor) -> int:
+    """Rows of a fresh (zeroed) pool that hold an entry: entries are RMS-normed, never 0."""
+    return int((pool.abs().amax(dim=-1) > 0).sum())
+
+
+def test_a_prompt_leaves_one_entry_per_closed_window(make_engine):
+    """300 prompt tokens (the one sampled token is never run through the model): 75 CSA
+    entries and 75 indexer keys per CSA layer, 2 HCA entries per HCA layer, at their blocks."""
+    engine = make_engine()
+    engine.generate(random_tokens(random.Random(1), 300), SamplingParams(max_tokens=1))
+    state = engine.runner.state
+    assert state.csa_entries.shape[0] == state.hca_entries.shape[0] == 2  # two layers each
+    for layer in range(2):
+        assert filled_rows(state.csa_entries[layer]) == 300 // 4
+        assert filled_rows(state.csa_index_entries[layer]) == 300 // 4
+        assert filled_rows(state.hca_entries[layer]) == 300 // 128
+    # one block's rows hold 16 / 4 CSA entries; an HCA entry sits in the block of its last token
+    assert state.csa_entries.shape[1] == 128 * 4 and state.hca_entries.shape[1] == 128
+
+
+@pytest.mark.parametrize(("interval", "reused"), [(128, 256), (96, 288), (None, 288)])
+def test_hits_round_down_to_retention_checkpoints_and_resume_exactly(
+    make_engine, cold, interval, reused
+):
+    """A 300-token head: kept window checkpoints every 128 → hit 256 (every buffer empty);
+    every 96 → 288, where HCA's buffer holds 32 tokens and CSA's overlap is live; dense → the
+    last full block. The rest is accounted as lost to retention and to alignment."""
+    engine = make_engine(retention_interval=interval, **ROUNDING)
+    rng = random.Random(interval or 0)
+    head = random_tokens(rng, 300)
+    engine.generate(head + random_tokens(rng, 10), GREEDY)
+    prompt = head + random_tokens(rng, 10)
+    second = engine.generate(prompt, GREEDY)[0]
+    metrics = second.metrics
+    assert metrics.num_cached_tokens == reused
+    assert metrics.num_lost_to_retention == 288 - reused
+    assert metrics.num_lost_to_alignment == 300 - 288
+    assert accounted(metrics) == metrics.num_prompt_tokens
+    assert second.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
+
+
+def test_an_evicted_head_is_accounted_and_recomputed(make_engine, cold):
+    """A pool of 30 blocks (20 hold one prompt): a second 300-token prompt evicts the first
+    one's blocks; the
+    first prompt again reuses what is left, counts the rest as lost to eviction, and answers
+    as a cold engine does."""
+    engine = make_engine(num_kv_blocks=30)
+    rng = random.Random(7)
+    first, other = random_tokens(rng, 300), random_tokens(rng, 300)
+    engine.generate(first, GREEDY)
+    engine.generate(other, GREEDY)
+    again = engine.generate(first, GREEDY)[0]
+    assert again.metrics.num_lost_to_eviction > 0
+    assert accounted(again.metrics) == again.metrics.num_prompt_tokens
+    assert again.token_ids == cold.generate(first, GREEDY)[0].token_ids
+
+
+def test_batching_and_preemption_give_each_prompt_its_own_output(make_engine, cold):
+    """Five prompts at once in a pool too small for all of them (preemptions happen), chunked
+    at 64 tokens: each output is the one the prompt gets alone."""
+    engine = make_engine(num_kv_blocks=48, max_num_batched_tokens=64, max_num_seqs=5)
+    rng = random.Random(3)
+    prompts = [random_tokens(rng, n) for n in (150, 260, 90, 200, 140)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    together = engine.generate(prompts, params)
+    assert engine.stats().num_preemptions > 0
+    for prompt, output in zip(prompts, together, strict=True):
+        assert output.token_ids == cold.generate(prompt, params)[0].token_ids
