@@ -98,9 +98,8 @@ def test_hits_round_down_to_retention_checkpoints_and_resume_exactly(
 
 def test_an_evicted_head_is_accounted_and_recomputed(make_engine, cold):
     """A pool of 30 blocks (20 hold one prompt): a second 300-token prompt evicts the first
-    one's blocks; the
-    first prompt again reuses what is left, counts the rest as lost to eviction, and answers
-    as a cold engine does."""
+    one's blocks; the first prompt again reuses what is left, counts the rest as lost to
+    eviction, and answers as a cold engine does."""
     engine = make_engine(num_kv_blocks=30)
     rng = random.Random(7)
     first, other = random_tokens(rng, 300), random_tokens(rng, 300)
