@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from inference.engine.bench.results import RequestRecord, RunResult
 from inference.engine.bench.workload import Workload
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
+from inference.engine.models import deepseek_v4_tiny
 
 
 class _TokenClock:
@@ -26,6 +27,31 @@ class _TokenClock:
 
     def end(self) -> None:
         pass
+
+
+def _load_reference(transformers, model: str):
+    """transformers' tokenizer and fp32 model for `model`: from the GGUF file, or for
+    DeepSeek-V4's tiny checkpoint from its directory (random weights, but the same ones the
+    engine serves, so both run the same model)."""
+    import torch
+
+    if model == deepseek_v4_tiny.NAME:
+        import json
+
+        from safetensors.torch import load_file
+
+        path = deepseek_v4_tiny.tiny_checkpoint(0)
+        config = transformers.DeepseekV4Config(**json.loads((path / "config.json").read_text()))
+        config._attn_implementation = "eager"
+        hf_model = transformers.DeepseekV4ForCausalLM(config)
+        hf_model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        return transformers.AutoTokenizer.from_pretrained(str(path)), hf_model.eval()
+    path = gguf_path_for(model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    return tokenizer, hf_model
 
 
 def run_transformers(
@@ -52,11 +78,7 @@ def run_transformers(
         ) from exc
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    path = gguf_path_for(model)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    tokenizer, hf_model = _load_reference(transformers, model)
 
     def generate(messages: list[dict[str, str]], num_tokens: int) -> RequestRecord:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -96,7 +118,7 @@ def run_transformers(
     ]
     return RunResult(
         name="transformers",
-        description="transformers generate (GGUF → fp32), greedy, one request at a time",
+        description="transformers generate (fp32), greedy, one request at a time",
         records=records,
         wall_s=time.perf_counter() - start,
         schema=None,
