@@ -38,10 +38,15 @@ def read_hf_weights(path: Path, dtype: torch.dtype = torch.float32) -> dict[str,
         raise ValueError(f"no .safetensors files in {path}")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        # Integer tensors (DeepSeek-V4's hash-routing table) keep their type.
+        # Integer tensors (DeepSeek-V4's hash-routing table, packed FP4) and 1-byte floats
+        # (FP8 weights, e8m0 scales) keep their type: the model dequantizes them.
         tensors = load_file(str(file))
-        weights.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+        weights.update({k: v.to(dtype) if _is_wide_float(v) else v for k, v in tensors.items()})
     return weights
+
+
+def _is_wide_float(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and tensor.element_size() > 1
 
 
 def read_hf_tokenizer(path: Path) -> Tokenizer:

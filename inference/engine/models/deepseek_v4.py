@@ -34,6 +34,7 @@ from inference.engine.models.deepseek_v4_state import (
     LayerState,
     SequenceState,
 )
+from inference.engine.models.deepseek_v4_weights import to_model_names
 
 
 class RMSNorm(nn.Module):
@@ -560,7 +561,9 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """transformers' names; the MTP layer's tensors (`mtp.*`) are left out."""
+        """DeepSeek's names and FP8/FP4 weights (deepseek_v4_weights) or transformers' names;
+        the MTP layer's tensors (`mtp.*`) are left out."""
+        weights = to_model_names(weights)
         weights = {
             k: v for k, v in weights.items() if not k.startswith("mtp.") and ".mtp." not in k
         }

@@ -1,0 +1,157 @@
+"""Loading DeepSeek-V4 in DeepSeek's own checkpoint layout: its tensor names, FP8 linears with a
+scale per 128 x 128 block, FP4 experts (two e2m1 per byte) with an e8m0 scale per 32 inputs,
+per-expert matrices, and shards. The quantized values are built exactly representable, so the
+dequantized weights must come back exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from inference.engine.models import load_model
+from inference.engine.models.deepseek_v4_tiny import NAME, tiny_checkpoint
+from inference.engine.models.deepseek_v4_weights import dequantize, to_model_names, unpack_fp4
+
+# Our (transformers') names → DeepSeek's, applied in order: the inverse of the loader's map.
+_TO_DEEPSEEK = [
+    (".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
+    (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
+    (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
+    (".self_attn.", ".attn."),
+    (".compressor.kv_norm.", ".compressor.norm."),
+    (".kv_proj.", ".wkv."),
+    (".gate_proj.", ".wgate."),
+    (".position_bias", ".ape"),
+    (".q_a_proj.", ".wq_a."),
+    (".q_b_proj.", ".wq_b."),
+    (".o_a_proj.", ".wo_a."),
+    (".o_b_proj.", ".wo_b."),
+    (".q_a_norm.", ".q_norm."),
+    (".sinks", ".attn_sink"),
+    (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".ffn_norm."),
+    (".attn_hc.", ".hc_attn_"),
+    (".ffn_hc.", ".hc_ffn_"),
+    (".mlp.gate.e_score_correction_bias", ".ffn.gate.bias"),
+    (".shared_experts.wgate.", ".shared_experts.w1."),
+    (".shared_experts.down_proj.", ".shared_experts.w2."),
+    (".shared_experts.up_proj.", ".shared_experts.w3."),
+    (".mlp.", ".ffn."),
+]
+
+
+def deepseek_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight":
+            out["head.weight"] = tensor
+            continue
+        name = name.removeprefix("model.")
+        name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
+        name = name.replace("hc_head.hc_", "hc_head_")
+        for ours, theirs in _TO_DEEPSEEK:
+            name = name.replace(ours, theirs)
+        if name.endswith(".experts.gate_up_proj"):
+            prefix, half = name.removesuffix(".gate_up_proj"), tensor.shape[1] // 2
+            for i, matrix in enumerate(tensor):
+                out[f"{prefix}.{i}.w1.weight"] = matrix[:half]
+                out[f"{prefix}.{i}.w3.weight"] = matrix[half:]
+        elif name.endswith(".experts.down_proj"):
+            for i, matrix in enumerate(tensor):
+                out[f"{name.removesuffix('.down_proj')}.{i}.w2.weight"] = matrix
+        else:
+            out[name] = tensor
+    return out
+
+
+@pytest.fixture(scope="module")
+def state():
+    return load_model(NAME, torch.device("cpu")).model.state_dict()
+
+
+def test_deepseek_names_map_back_to_ours(state):
+    checkpoint = deepseek_names(state)
+    assert "layers.1.attn.indexer.compressor.ape" in checkpoint
+    assert "layers.2.ffn.experts.7.w3.weight" in checkpoint and "hc_head_fn" in checkpoint
+    checkpoint["mtp.0.eh_proj.weight"] = torch.zeros(2, 2)  # the MTP layer is left out
+    loaded = to_model_names(checkpoint)
+    assert sorted(loaded) == sorted(state)
+    for name, tensor in state.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_fp8_blocks_and_fp4_experts_dequantize_exactly():
+    rng = torch.Generator().manual_seed(0)
+    # FP8: a 256 x 384 weight, 2 x 3 blocks of 128 x 128, each with its own scale
+    scales = torch.rand(2, 3, generator=rng) + 0.5
+    fp8 = (torch.randn(256, 384, generator=rng) * 100).to(torch.float8_e4m3fn)
+    expected = fp8.float() * scales.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert torch.equal(dequantize(fp8, scales), expected)
+    # FP4: 4 x 64 values as 4 x 32 bytes, low nibble first; e8m0 scales per 32 inputs
+    codes = torch.randint(0, 16, (4, 64), generator=rng)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
+    table = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    values = torch.tensor([[table[c] for c in row] for row in codes.tolist()])
+    assert torch.equal(unpack_fp4(packed), values)
+    exponents = torch.randint(120, 134, (4, 2), generator=rng).to(torch.uint8)
+    powers = (exponents.float() - 127).exp2().repeat_interleave(32, 1)
+    assert torch.equal(dequantize(packed, exponents), values * powers)
+
+
+def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp_path):
+    """The tiny model's attention projections in FP8 and its experts in FP4 (values chosen
+    representable), DeepSeek's names, two shards: the engine loads exactly those values."""
+    rng = random.Random(0)
+    checkpoint = deepseek_names(state)
+    expected = dict(state)
+    for name in [n for n in checkpoint if n.endswith((".wq_a.weight", ".wo_b.weight"))]:
+        weight = checkpoint[name]
+        scale = torch.full((1, 1), 2.0 ** rng.randint(-8, -4))
+        quantized = (weight / scale).to(torch.float8_e4m3fn)
+        checkpoint[name] = quantized
+        checkpoint[name.replace(".weight", ".scale")] = scale
+        ours = "model." + name.replace(".attn.", ".self_attn.").replace(".wq_a.", ".q_a_proj.")
+        ours = ours.replace(".wo_b.", ".o_b_proj.")
+        expected[ours] = quantized.float() * scale
+    table = torch.tensor(
+        [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    )
+    for name in [n for n in checkpoint if ".experts." in n]:
+        rows, cols = checkpoint[name].shape
+        codes = torch.randint(
+            0, 16, (rows, cols), generator=torch.Generator().manual_seed(len(name))
+        )
+        exponents = torch.full((rows, cols // 32), 127 - 6, dtype=torch.uint8)
+        checkpoint[name] = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
+        checkpoint[name.replace(".weight", ".scale")] = exponents
+        value = table[codes] * 2.0**-6
+        layer, index, which = name.split(".")[1], int(name.split(".")[4]), name.split(".")[5]
+        prefix = f"model.layers.{layer}.mlp.experts."
+        half = state[prefix + "gate_up_proj"].shape[1] // 2
+        if which == "w1":
+            expected[prefix + "gate_up_proj"] = expected[prefix + "gate_up_proj"].clone()
+            expected[prefix + "gate_up_proj"][index, :half] = value
+        elif which == "w3":
+            expected[prefix + "gate_up_proj"] = expected[prefix + "gate_up_proj"].clone()
+            expected[prefix + "gate_up_proj"][index, half:] = value
+        else:
+            expected[prefix + "down_proj"] = expected[prefix + "down_proj"].clone()
+            expected[prefix + "down_proj"][index] = value
+    source = tiny_checkpoint(0)
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / file, tmp_path / file)
+    names = sorted(checkpoint)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        save_file(
+            {n: checkpoint[n].contiguous() for n in part},
+            str(tmp_path / f"model-0000{i + 1}-of-00002.safetensors"),
+        )
+    loaded = load_model(str(tmp_path), torch.device("cpu"))
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "deepseek_v4"
+    for name, tensor in loaded.model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
