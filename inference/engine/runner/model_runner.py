@@ -19,6 +19,8 @@ sources are read before any destination is written.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, MetadataBuilder, ScheduledSpan
@@ -32,6 +34,8 @@ from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.runner.sampler import sample
 from inference.engine.structured_output.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -61,11 +65,13 @@ class ModelRunner:
         own_state = hasattr(self.model, "allocate_state")  # a model with its own paged state
         self.metadata_builder: MetadataBuilder
         if own_state:
-            if use_kernels:
-                raise ValueError(
-                    f"attention_backend='triton' has no kernel for {type(self.model).__name__} "
-                    "yet; use attention_backend='torch'"
+            if use_kernels:  # "auto" picks triton on CUDA: say what runs instead
+                logger.warning(
+                    "attention_backend='triton' has no kernel for %s's attention yet; its "
+                    "layers run the torch path",
+                    type(self.model).__name__,
                 )
+                use_kernels = False
             self.metadata_builder = self.model.metadata_builder(block_size, device)
         elif use_kernels:
             from inference.engine.kernels._common import check_device

@@ -5,6 +5,7 @@ prompt gets alone."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -122,3 +123,23 @@ def test_batching_and_preemption_give_each_prompt_its_own_output(make_engine, co
     assert engine.stats().num_preemptions > 0
     for prompt, output in zip(prompts, together, strict=True):
         assert output.token_ids == cold.generate(prompt, params)[0].token_ids
+
+
+def test_a_town_shaped_request_answers_valid_json(cold):
+    """Chat messages through SmolLM2's template and a JSON schema over the 49,152-token
+    vocabulary: the constrained answer parses and validates, as the town needs."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "action": {"enum": ["go", "rest", "buy"]},
+            "reason": {"type": "string", "maxLength": 12},
+        },
+        "required": ["action", "reason"],
+        "additionalProperties": False,
+    }
+    messages = [{"role": "user", "content": "You are at the bakery at noon. What do you do?"}]
+    params = SamplingParams(max_tokens=60, temperature=0.0, json_schema=schema)
+    output = cold.generate([messages], params)[0]
+    assert output.finish_reason == "stop"
+    answer = json.loads(output.text)
+    assert answer["action"] in ("go", "rest", "buy") and len(answer["reason"]) <= 12
