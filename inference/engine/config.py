@@ -35,6 +35,12 @@ class CacheConfig:
     # KV groups get the same number of blocks (the budget is split by layer count).
     kv_cache_memory_bytes: int = 1 << 30
     num_kv_blocks: int | None = None
+    # A budget of its own for the sliding (window) group, so short-lived window state never
+    # crowds out long-lived prefixes (DeepSeek-V4 only so far, where a window block is ~24x a
+    # compressed-entry block): its share of kv_cache_memory_bytes, or with num_kv_blocks its
+    # block count. None: both groups get the same number of blocks.
+    window_cache_fraction: float | None = None
+    num_window_blocks: int | None = None
     enable_prefix_caching: bool = True
     # Sliding-window models only (vLLM's --prefix-cache-retention-interval): where the window's
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
@@ -61,6 +67,13 @@ class CacheConfig:
                 f"max_pinned_fraction must be in [0, 1) (a share of the KV blocks), got "
                 f"{self.max_pinned_fraction}"
             )
+        if self.window_cache_fraction is not None and not 0 < self.window_cache_fraction < 1:
+            raise ValueError(
+                "window_cache_fraction must be in (0, 1) (the window group's share of "
+                f"kv_cache_memory_bytes), got {self.window_cache_fraction}"
+            )
+        if self.num_window_blocks is not None and self.num_window_blocks < 2:
+            raise ValueError(f"num_window_blocks must be ≥ 2, got {self.num_window_blocks}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
         if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:

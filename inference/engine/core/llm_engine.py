@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from inference.engine.config import EngineConfig
+from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
 from inference.engine.core.metrics import EngineStats, RequestMetrics
 from inference.engine.core.request import Request, RequestStatus
@@ -66,6 +66,39 @@ class StreamDelta:
     request_id: str = ""  # for LLMEngine.abort
 
 
+def kv_block_counts(
+    cache: CacheConfig, group_bytes: dict[str, int], *, own_state: bool
+) -> tuple[int, int]:
+    """Blocks of the full group and of the window (sliding) group: the same count for both,
+    or each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
+    separate = cache.window_cache_fraction is not None or cache.num_window_blocks is not None
+    if separate and not (own_state and "sliding" in group_bytes):
+        raise ValueError(
+            "window_cache_fraction / num_window_blocks give the window group its own budget; "
+            "only DeepSeek-V4 models support that so far"
+        )
+    budget = cache.kv_cache_memory_bytes
+    if cache.num_kv_blocks is not None:
+        num_blocks = cache.num_kv_blocks
+        num_window = cache.num_window_blocks or num_blocks
+    elif cache.window_cache_fraction is not None:
+        num_blocks = int(budget * (1 - cache.window_cache_fraction)) // group_bytes["full"]
+        num_window = int(budget * cache.window_cache_fraction) // group_bytes["sliding"]
+    else:
+        num_blocks = num_window = budget // sum(group_bytes.values())
+        num_window = cache.num_window_blocks or num_window
+    for name, count, size in (
+        ("full", num_blocks, group_bytes["full"]),
+        ("window", num_window, group_bytes.get("sliding", 0)),
+    ):
+        if count < 2:
+            raise ValueError(
+                f"the KV budget holds {count} {name}-group blocks of {size} bytes; at least 2 "
+                "are needed: raise kv_cache_memory_bytes (or the group's share of it)"
+            )
+    return num_blocks, num_window
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -81,18 +114,23 @@ class LLMEngine:
             scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
         )
         dtype = getattr(torch, running.dtype)
-        # Both groups have num_blocks blocks; the sizes count fp32, a bf16 cache fits twice
-        # the blocks in the budget.
+        # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
         group_bytes = {
             group: size * dtype.itemsize // 4
             for group, size in group_block_bytes(loaded.config, cache.block_size).items()
         }
-        bytes_per_block = sum(group_bytes.values())
-        self.num_blocks = cache.num_kv_blocks or cache.kv_cache_memory_bytes // bytes_per_block
-        if self.num_blocks < 2:
+        # A running request holds its window plus one prefill chunk in the sliding group (with
+        # equal counts, the check of a prompt against num_blocks covers it).
+        window = getattr(loaded.config, "sliding_window", None) or 0
+        min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
+        self.num_blocks, self.num_window_blocks = kv_block_counts(
+            cache, group_bytes, own_state=hasattr(loaded.model, "allocate_state")
+        )
+        if self.num_window_blocks != self.num_blocks and self.num_window_blocks < min_window:
             raise ValueError(
-                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} holds fewer than 2 blocks "
-                f"of {bytes_per_block} bytes; raise it"
+                f"the window group has {self.num_window_blocks} blocks; one request's window "
+                f"({window} tokens) plus a prefill chunk ({scheduling.max_num_batched_tokens}) "
+                f"needs {min_window}: raise its budget or lower max_num_batched_tokens"
             )
         self.kv_cache_manager = KVCacheManager(
             self.num_blocks,
@@ -100,6 +138,7 @@ class LLMEngine:
             cache.enable_prefix_caching,
             loaded.fingerprint,
             sliding_window=self._sliding_window(loaded.config),
+            num_sliding_blocks=self.num_window_blocks,
             retention_interval=cache.retention_interval,
             exact_reuse=cache.enable_partial_block_reuse,
             junction_checkpoints=cache.enable_junction_checkpoints,
@@ -135,6 +174,7 @@ class LLMEngine:
             cache.block_size,
             self.device,
             self.structured,
+            num_window_blocks=self.num_window_blocks,
             dtype=dtype,
             use_kernels=running.attention_backend == "triton",
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,

@@ -534,9 +534,16 @@ class DeepseekV4ForCausalLM(nn.Module):
     # ---- the engine's seam: its own state layout and metadata --------------------------------
 
     def allocate_state(
-        self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        num_blocks: int,
+        num_window_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> DeepseekV4State:
-        return DeepseekV4State(self.config, num_blocks, block_size, dtype, device)
+        return DeepseekV4State(
+            self.config, num_blocks, num_window_blocks, block_size, dtype, device
+        )
 
     def metadata_builder(self, block_size: int, device: torch.device) -> DeepseekV4MetadataBuilder:
         return DeepseekV4MetadataBuilder(self.config, block_size, device)

@@ -50,14 +50,15 @@ class DeepseekV4State:
     def __init__(
         self,
         config: DeepseekV4Config,
-        num_blocks: int,
+        num_blocks: int,  # full group: compressed entries
+        num_window_blocks: int,  # sliding group: per-token window state
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         check_block_size(config, block_size)
         self.block_size = block_size
-        num_slots = num_blocks * block_size
+        num_slots = num_window_blocks * block_size
         kinds = config.attention_kinds
         csa = [i for i, k in enumerate(kinds) if k == CSA]
         hca = [i for i, k in enumerate(kinds) if k == HCA]

@@ -52,6 +52,7 @@ class ModelRunner:
         cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
         max_num_seqs: int = 1,
         decode_windows: bool = True,
+        num_window_blocks: int | None = None,  # the sliding group's, if not num_blocks
     ) -> None:
         self.model = loaded.model.to(dtype)
         self.device = device
@@ -95,7 +96,9 @@ class ModelRunner:
         # Both groups have num_blocks blocks (see llm_engine).
         self.state = None
         if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4_state)
-            self.state = self.model.allocate_state(num_blocks, block_size, dtype, device)
+            self.state = self.model.allocate_state(
+                num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
+            )
             self.kv_caches = self.state.layers
         else:
             self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(

@@ -143,3 +143,31 @@ def test_a_town_shaped_request_answers_valid_json(cold):
     assert output.finish_reason == "stop"
     answer = json.loads(output.text)
     assert answer["action"] in ("go", "rest", "buy") and len(answer["reason"]) <= 12
+
+
+def test_window_tails_have_a_budget_of_their_own(make_engine, cold):
+    """A full group of 256 blocks (4,096 tokens of compressed prefix) beside a window group of
+    24: the window tails are evicted among themselves, the compressed prefixes stay, and a
+    prompt resumes from its kept checkpoint exactly."""
+    engine = make_engine(num_kv_blocks=256, num_window_blocks=24, retention_interval=128)
+    assert engine.runner.state.window.shape[1] == 24 * 16
+    assert engine.runner.state.csa_entries.shape[1] == 256 * 4
+    rng = random.Random(11)
+    heads = [random_tokens(rng, 300) for _ in range(4)]
+    for head in heads:  # four heads' compressed entries fit; their windows cannot all stay
+        engine.generate(head + random_tokens(rng, 5), GREEDY)
+    prompt = heads[-1] + random_tokens(rng, 5)
+    again = engine.generate(prompt, GREEDY)[0]
+    assert again.metrics.num_cached_tokens == 256  # the last checkpoint of the newest head
+    assert accounted(again.metrics) == again.metrics.num_prompt_tokens
+    assert again.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
+    oldest = engine.generate(heads[0] + random_tokens(rng, 5), GREEDY)[0].metrics
+    assert oldest.num_cold_tokens == 5  # its whole head is still in the compressed group...
+    assert oldest.num_lost_to_eviction == 256  # ...but its window checkpoints were evicted
+
+
+def test_a_window_budget_too_small_for_one_request_is_refused():
+    with pytest.raises(ValueError, match="window group has 8 blocks"):
+        LLMEngine(EngineConfig(model=NAME, num_kv_blocks=64, num_window_blocks=8))
+    with pytest.raises(ValueError, match="only DeepSeek-V4"):
+        LLMEngine(EngineConfig(model="smollm2-tiny-random", window_cache_fraction=0.5))

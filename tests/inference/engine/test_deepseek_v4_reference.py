@@ -49,7 +49,7 @@ def one_pass(model, ids: list[int], rows: list[int]) -> torch.Tensor:
     """The model over `ids` in one step, on fresh state of its own."""
     n = len(ids)
     num_blocks = -(-n // BLOCK)
-    state = model.allocate_state(num_blocks, BLOCK, torch.float32, torch.device("cpu"))
+    state = model.allocate_state(num_blocks, num_blocks, BLOCK, torch.float32, torch.device("cpu"))
     blocks = list(range(num_blocks))
     full = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks)])
     window = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks, first_block=0)])
