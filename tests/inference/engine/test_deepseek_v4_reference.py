@@ -140,3 +140,43 @@ def test_prefix_hits_resume_exactly(caching_engine, chunked_engine, shared):
     assert hit.token_ids == cold.token_ids
     for step, (h, c) in enumerate(zip(hit_logits, cold_logits, strict=True)):
         assert relative_error(h, c) < 1e-4, f"step {step}"
+
+
+@pytest.mark.parametrize("interval", [None, 0, 256])
+def test_every_reuse_source_gives_transformers_tokens(reference, interval):
+    """At each retention interval, a scenario that reuses from the cached block chain (dense:
+    partial blocks copied at 200 and 230), a junction (where a prompt left a cached one) and a
+    breakpoint: every request's greedy tokens are transformers'."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=NAME, num_kv_blocks=256, max_num_batched_tokens=128, retention_interval=interval
+        )
+    )
+    rng = random.Random(500 + (interval or 1))
+    head = random_tokens(rng, 300)
+    steps = [
+        (head + random_tokens(rng, 12), None),  # cold
+        (head[:200] + random_tokens(rng, 12), None),  # leaves the first inside its cached range
+        (head[:200] + random_tokens(rng, 12), None),  # resumes at that junction
+        (head[:230] + random_tokens(rng, 12), [230]),  # declares a breakpoint at 230
+        (head[:230] + random_tokens(rng, 12), None),  # resumes there
+    ]
+    sources = []
+    try:
+        for prompt, breakpoints in steps:
+            params = SamplingParams(
+                max_tokens=8, temperature=0.0, ignore_eos=True, cache_breakpoints=breakpoints
+            )
+            output = engine.generate(prompt, params)[0]
+            sources.append(output.metrics.reuse_source)
+            with torch.inference_mode():
+                theirs = reference.generate(
+                    torch.tensor([prompt]), max_new_tokens=8, do_sample=False
+                )
+            assert output.token_ids == theirs[0, len(prompt) :].tolist(), sources
+    finally:
+        engine.shutdown()
+    if interval is None:  # dense keeps every block: the chain (partial blocks copied) serves all
+        assert sources == ["none"] + ["block_chain"] * 4, sources
+    else:
+        assert sources[2] == "junction" and sources[4] == "breakpoint", sources
