@@ -95,6 +95,9 @@ def test_hits_round_down_to_retention_checkpoints_and_resume_exactly(
     assert metrics.num_lost_to_alignment == 300 - 288
     assert accounted(metrics) == metrics.num_prompt_tokens
     assert second.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
+    if interval is not None:  # the window checkpoints kept: exactly the grid's positions
+        kept = sorted(set(engine.kv_cache_manager.sliding.checkpoints.values()))
+        assert kept == list(range(interval, 310, interval))
 
 
 def test_an_evicted_head_is_accounted_and_recomputed(make_engine, cold):
