@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from inference.engine.bench.results import RequestRecord, RunResult
 from inference.engine.bench.workload import Workload
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
-from inference.engine.models import deepseek_v4_tiny
+from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
 
 
 class _TokenClock:

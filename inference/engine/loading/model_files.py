@@ -49,7 +49,7 @@ TINY_RANDOM_MODELS: dict[str, str] = {
 
 
 # Built from a config with seeded random weights and written as a checkpoint directory on
-# first load (models/deepseek_v4_tiny.py); its tokenizer is SmolLM2's.
+# first load (models/deepseek_v4/tiny.py); its tokenizer is SmolLM2's.
 GENERATED_MODELS = ("deepseek-v4-tiny-random",)
 
 

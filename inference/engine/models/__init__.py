@@ -26,7 +26,8 @@ from inference.engine.loading.hf_checkpoint import (
 )
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
 from inference.engine.loading.tokenizer import Tokenizer
-from inference.engine.models import deepseek_v4, deepseek_v4_config, deepseek_v4_tiny, gemma3, llama
+from inference.engine.models import deepseek_v4, gemma3, llama
+from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ ARCHITECTURES = {
     "llama": (llama.LlamaConfig, llama.LlamaForCausalLM, llama.gguf_names_to_hf),
     "gemma3": (gemma3.Gemma3Config, gemma3.Gemma3ForCausalLM, gemma3.gguf_names_to_hf),
     # Hugging Face checkpoints only (no GGUF names).
-    "deepseek_v4": (deepseek_v4_config.DeepseekV4Config, deepseek_v4.DeepseekV4ForCausalLM, None),
+    "deepseek_v4": (deepseek_v4.DeepseekV4Config, deepseek_v4.DeepseekV4ForCausalLM, None),
 }
 
 # Small enough that a test step takes milliseconds, big enough to exercise GQA and RoPE.

@@ -95,7 +95,7 @@ class ModelRunner:
         self._copy_slots = copy_slots
         # Both groups have num_blocks blocks (see llm_engine).
         self.state = None
-        if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4_state)
+        if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4/state.py)
             self.state = self.model.allocate_state(
                 num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
             )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.models.deepseek_v4_tiny import NAME
+from inference.engine.models.deepseek_v4.tiny import NAME
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 # vLLM's rounding (blocks and the retention grid), as in test_hybrid_engine.

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4_tiny import NAME, tiny_checkpoint
+from inference.engine.models.deepseek_v4.tiny import NAME, tiny_checkpoint
 
 BLOCK = 16
 

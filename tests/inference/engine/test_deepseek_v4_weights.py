@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4_tiny import NAME, tiny_checkpoint
-from inference.engine.models.deepseek_v4_weights import dequantize, to_model_names, unpack_fp4
+from inference.engine.models.deepseek_v4.tiny import NAME, tiny_checkpoint
+from inference.engine.models.deepseek_v4.weights import dequantize, to_model_names, unpack_fp4
 
 # Our (transformers') names → DeepSeek's, applied in order: the inverse of the loader's map.
 _TO_DEEPSEEK = [

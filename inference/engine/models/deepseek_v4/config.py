@@ -160,7 +160,7 @@ class DeepseekV4Config:
     def layer_types(self) -> tuple[str, ...]:
         """The engine's KV groups per layer: a layer with a compressor keeps its compressed
         entries for the whole prefix ("full" group); every layer also keeps a window of K=V and
-        compressor inputs in the "sliding" group (see deepseek_v4_state)."""
+        compressor inputs in the "sliding" group (see deepseek_v4.state)."""
         return tuple("sliding" if kind == SLIDING else "full" for kind in self.attention_kinds)
 
     @property

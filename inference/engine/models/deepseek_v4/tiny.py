@@ -27,8 +27,8 @@ from safetensors.torch import save_file
 from inference.engine.loading.gguf_file import open_gguf, read_metadata
 from inference.engine.loading.model_files import gguf_path_for
 from inference.engine.loading.tokenizer import Tokenizer
-from inference.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
-from inference.engine.models.deepseek_v4_config import CSA, HCA, SLIDING, DeepseekV4Config
+from inference.engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
+from inference.engine.models.deepseek_v4.model import DeepseekV4ForCausalLM
 
 NAME = "deepseek-v4-tiny-random"
 TOKENIZER_MODEL = "smollm2-135m-instruct"

@@ -31,7 +31,7 @@ import torch
 from inference.engine.attention.attention_backend import GroupSpans
 from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
-from inference.engine.models.deepseek_v4_config import CSA, HCA, DeepseekV4Config
+from inference.engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config
 
 
 @dataclass(slots=True)

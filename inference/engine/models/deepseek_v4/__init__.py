@@ -1,0 +1,14 @@
+"""DeepSeek-V4 (Flash), the model the talk is about, in the engine.
+
+- `config.py`: DeepseekV4Config from a checkpoint's config.json, and what the engine reads of it;
+- `state.py`: the per-request state paged on the engine's two KV groups, and its metadata;
+- `layers.py`, `attention.py`, `moe.py`, `hyper_connections.py`, `model.py`: the architecture,
+  bottom-up, checked against transformers' DeepseekV4ForCausalLM;
+- `weights.py`: DeepSeek's own checkpoint names and FP8/FP4 weights → the model's;
+- `tiny.py`: `deepseek-v4-tiny-random`, written once as a checkpoint directory.
+"""
+
+from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.model import DeepseekV4ForCausalLM
+
+__all__ = ["DeepseekV4Config", "DeepseekV4ForCausalLM"]

@@ -1,0 +1,70 @@
+"""Manifold-constrained hyper-connections (mHC): the residual stream as hc_mult parallel
+streams, collapsed into each block's input and mixed back with a doubly-stochastic matrix."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
+
+# ---- hyper-connections ------------------------------------------------------------------------
+
+
+class HyperConnection(nn.Module):
+    """mHC: from the hc_mult streams, weights to collapse them into a block's input (pre), to
+    spread its output back (post), and a doubly-stochastic mix of the streams (comb)."""
+
+    def __init__(self, config: DeepseekV4Config) -> None:
+        super().__init__()
+        n = config.hc_mult
+        self.hc_mult, self.iters, self.eps = n, config.hc_sinkhorn_iters, config.hc_eps
+        self.norm_eps = config.rms_norm_eps
+        self.fn = nn.Parameter(torch.zeros((2 + n) * n, n * config.hidden_size))
+        self.base = nn.Parameter(torch.zeros((2 + n) * n))
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.hc_mult
+        flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)  # (T, n·hidden)
+        pre, post, comb = F.linear(flat, self.fn.float()).split([n, n, n * n], dim=-1)
+        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
+        pre_s, post_s, comb_s = self.scale.unbind(0)
+        pre = torch.sigmoid(pre * pre_s + pre_b) + self.eps  # (T, n)
+        post = 2 * torch.sigmoid(post * post_s + post_b)  # (T, n)
+        comb = torch.softmax(comb.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        for _ in range(self.iters - 1):  # Sinkhorn-Knopp: rows, then columns, sum to 1
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)  # (T, hidden)
+        return post, comb, collapsed
+
+
+class HyperHead(nn.Module):
+    def __init__(self, config: DeepseekV4Config) -> None:
+        super().__init__()
+        n = config.hc_mult
+        self.eps, self.norm_eps = config.hc_eps, config.rms_norm_eps
+        self.hc_fn = nn.Parameter(torch.zeros(n, n * config.hidden_size))
+        self.hc_base = nn.Parameter(torch.zeros(n))
+        self.hc_scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)
+        mixes = F.linear(flat, self.hc_fn.float())
+        pre = torch.sigmoid(mixes * self.hc_scale.float() + self.hc_base.float()) + self.eps
+        return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+
+
+def mix(
+    post: torch.Tensor, comb: torch.Tensor, out: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
+    """The block's output spread over the streams, plus the streams mixed (comb read as
+    sum_j comb[j, k] · stream_j)."""
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), streams
+    )

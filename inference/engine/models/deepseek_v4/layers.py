@@ -1,0 +1,86 @@
+"""DeepSeek-V4's small pieces: RMS norms and its rotary embedding (interleaved pairs on the
+trailing rope_dim channels, YaRN on the compressed branches)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+# ---- rotary: interleaved pairs on the trailing rope_dim channels ------------------------------
+
+
+def rope_inv_freq(config: DeepseekV4Config, theta: float, yarn: dict | None) -> torch.Tensor:
+    """One frequency per channel pair; YaRN blends interpolated and extrapolated ones."""
+    dim = config.rope_dim
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
+    if yarn is None:
+        return 1.0 / pos_freqs
+    factor = float(yarn["factor"])
+    original = int(yarn["original_max_position_embeddings"])
+    beta_fast, beta_slow = yarn.get("beta_fast") or 32, yarn.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+class Rotary(nn.Module):
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.scaling = scaling
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: (T, 1, rope_dim), each pair's angle repeated for both its channels."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, rope_dim / 2)
+        cos = (freqs.cos() * self.scaling).repeat_interleave(2, dim=-1)
+        sin = (freqs.sin() * self.scaling).repeat_interleave(2, dim=-1)
+        return cos[:, None, :], sin[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); rotates its last rope_dim channels pairwise, in fp32."""
+    rope_dim = cos.shape[-1]
+    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
+    pairs = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rotated = (rope.float() * cos + pairs.float() * sin).to(x.dtype)
+    return torch.cat([nope, rotated], dim=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class Ropes:
+    """A step's cos/sin at its positions for both rope kinds (sliding layers use "main",
+    compressor layers "compress"), and the compress rotary for entries' own positions."""
+
+    main: tuple[torch.Tensor, torch.Tensor]
+    compress: tuple[torch.Tensor, torch.Tensor]
+    compress_rotary: Rotary
