@@ -55,6 +55,11 @@ class CacheConfig:
     # Junction checkpoints: when a prompt leaves a cached one inside the cached range, keep the
     # window state where it leaves, so the next prompt with that head resumes there exactly.
     enable_junction_checkpoints: bool = True
+    # DeepSeek's bounded replay (DeepSeek-V4 only; approximate, off by default): a prefix whose
+    # window state was not kept resumes a window early over the cached compressed state, the
+    # window recomputed with its sliding attention limited to the replayed span. Such hits are
+    # reported as reuse_source "replay" and never feed the exact cache.
+    enable_bounded_replay: bool = False
     # LLMEngine.warm(pin=True): the share of the KV blocks pinned heads may hold.
     max_pinned_fraction: float = 0.5
 

@@ -90,7 +90,10 @@ def test_a_worker_killed_mid_stream_ends_it_with_an_error(openai_server):
                 started = time.monotonic()
     assert started is not None
     waited = time.monotonic() - started
-    assert STREAM_IDLE_TIMEOUT_S - 0.5 < waited < STREAM_IDLE_TIMEOUT_S + 10
+    # The idle clock starts at the worker's last message, which on a loaded machine can precede
+    # this chunk's arrival here by a second or more (a full run once saw 2.48 s of a 3 s
+    # timeout): the lower bound says the stream waited for the timeout, not that it was exact.
+    assert STREAM_IDLE_TIMEOUT_S / 2 < waited < STREAM_IDLE_TIMEOUT_S + 10
     assert "retry" in str(failure.value)
 
 

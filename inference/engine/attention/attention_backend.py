@@ -29,6 +29,9 @@ class ScheduledSpan:
     # block_ids[0] is the sequence's block number first_block: a sliding layer's table starts
     # at its window (every key it reads is at or after first_block * block_size).
     first_block: int = 0
+    # The first position whose window state exists: a bounded replay's resume point (its keys
+    # before it were never computed; attention and compressors start there).
+    window_start: int = 0
 
 
 @dataclass(slots=True)

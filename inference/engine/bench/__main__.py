@@ -93,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="retention sweep: breakpoint at the head's end, partial-block copy and junctions on",
     )
     parser.add_argument(
+        "--bounded-replay",
+        action="store_true",
+        help="retention sweep: DeepSeek's bounded replay on (DeepSeek-V4; approximate), with "
+        "its agreement with the prefix-caching-off run",
+    )
+    parser.add_argument(
         "--fanout",
         action="store_true",
         help="--requests prompts sharing an uncached --head-tokens head, all at once: one "
@@ -191,6 +197,8 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
             enable_junction_checkpoints=exact,
             enable_shared_prefill=exact,
         )
+        if args.bounded_replay:
+            flags["enable_bounded_replay"] = True
         runs, workload = run_sweep(
             lambda caching, interval: _engine(args, caching, interval, **flags),
             workload_of,

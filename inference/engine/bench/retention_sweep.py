@@ -36,6 +36,7 @@ class IntervalRun:
     interval: int | None
     enable_prefix_caching: bool
     metrics: list[RequestMetrics]  # per request, in submission order
+    outputs: list[tuple[list[int], str]]  # per request: output token ids and text
     wall_s: float
     num_checkpoints: int
     checkpoint_memory_bytes: int
@@ -56,6 +57,7 @@ class IntervalRun:
             "cold": mean("num_cold_tokens"),
             "mean_prefill_s": mean("prefill_s"),
             "mean_prompt_tokens": mean("num_prompt_tokens"),
+            "replayed": mean("num_replayed_tokens"),
             "checkpoint_memory_mib": self.checkpoint_memory_bytes / BYTES_PER_MIB,
             "num_checkpoints": self.num_checkpoints,
             "wall_s": self.wall_s,
@@ -122,6 +124,7 @@ def run_interval(
         interval=interval,
         enable_prefix_caching=engine.config.cache.enable_prefix_caching,
         metrics=[out.metrics for out in outputs],
+        outputs=[(out.token_ids, out.text) for out in outputs],
         wall_s=wall_s,
         num_checkpoints=stats.num_checkpoints,
         checkpoint_memory_bytes=stats.checkpoint_memory_bytes,
@@ -176,6 +179,7 @@ _ROWS = [
     ("cold tokens / request", "cold", "{:.0f}"),
     ("mean prompt tokens", "mean_prompt_tokens", "{:.0f}"),
     ("mean prefill (s)", "mean_prefill_s", "{:.2f}"),
+    ("replayed tokens / request (approximate)", "replayed", "{:.0f}"),
     ("checkpoint memory (MiB)", "checkpoint_memory_mib", "{:.1f}"),
     ("checkpoints kept", "num_checkpoints", "{}"),
     ("wall time (s)", "wall_s", "{:.1f}"),
@@ -195,7 +199,35 @@ def format_sweep(runs: list[IntervalRun]) -> str:
     if off and off["mean_prefill_s"] > 0:
         ratios = [s["mean_prefill_s"] / off["mean_prefill_s"] for s in summaries]
         lines.append("| prefill / off | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+    reference = next((run for run in runs if run.label == "off"), None)
+    if reference is not None:
+        agreement = [output_agreement(run, reference) for run in runs]
+        lines.append(
+            "| output tokens as off (greedy, until they differ) | "
+            + " | ".join(f"{tokens:.1%}" for tokens, _ in agreement)
+            + " |"
+        )
+        lines.append(
+            "| identical answers as off | "
+            + " | ".join(f"{answers:.1%}" for _, answers in agreement)
+            + " |"
+        )
     return "\n".join(lines)
+
+
+def output_agreement(run: IntervalRun, reference: IntervalRun) -> tuple[float, float]:
+    """Of the run's output tokens, the share that equal the reference's before the first
+    difference; and the share of requests whose answer (text) is identical. Exact reuse gives
+    100% / 100% (greedy); an approximate one (bounded replay) shows its error here."""
+    same_tokens = total = same_answers = 0
+    for (ours, text), (theirs, their_text) in zip(run.outputs, reference.outputs, strict=True):
+        prefix = 0
+        while prefix < min(len(ours), len(theirs)) and ours[prefix] == theirs[prefix]:
+            prefix += 1
+        same_tokens += prefix
+        total += max(len(theirs), 1)
+        same_answers += text == their_text
+    return same_tokens / total, same_answers / max(len(run.outputs), 1)
 
 
 def sweep_json(runs: list[IntervalRun]) -> dict[str, dict]:

@@ -31,7 +31,7 @@ from inference.engine.core.request_errors import request_failed
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
-from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, layer_types_of
@@ -142,6 +142,7 @@ class LLMEngine:
             retention_interval=cache.retention_interval,
             exact_reuse=cache.enable_partial_block_reuse,
             junction_checkpoints=cache.enable_junction_checkpoints,
+            bounded_replay=self._bounded_replay(loaded.config),
         )
         self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
         # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
@@ -359,6 +360,17 @@ class LLMEngine:
             self._lock.notify()
         self._loop.join(timeout=30)
         self.structured.close()
+
+    def _bounded_replay(self, model_config) -> BoundedReplay | None:
+        if not self.config.cache.enable_bounded_replay:
+            return None
+        alignment = getattr(model_config, "replay_alignment", None)
+        if alignment is None:
+            raise ValueError(
+                f"enable_bounded_replay is DeepSeek's scheme for DeepSeek-V4; model "
+                f"{self.config.model} has no compressed state to replay over"
+            )
+        return BoundedReplay(int(model_config.sliding_window), int(alignment))
 
     def _sliding_window(self, model_config) -> int | None:
         """The window of the model's sliding layers (None: it has none, the retention interval

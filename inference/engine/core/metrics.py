@@ -34,8 +34,12 @@ class RequestMetrics:
     num_cold_tokens: int = 0  # never cached
     # Where the reused tokens came from: "none" (nothing reused), "block_chain" (cached blocks
     # and, on a hybrid model, a retention-grid checkpoint), "breakpoint" (a declared cache
-    # breakpoint), "junction" (a detected divergence point), "pinned" (a warmed, pinned head).
+    # breakpoint), "junction" (a detected divergence point), "pinned" (a warmed, pinned head),
+    # "replay" (DeepSeek's bounded replay: the output is approximate, see num_replayed_tokens).
     reuse_source: str = "none"
+    # Bounded replay: prompt tokens recomputed with their window truncated to the replayed span
+    # (counted in num_lost_to_retention too); 0 when the reuse was exact.
+    num_replayed_tokens: int = 0
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""

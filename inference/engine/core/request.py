@@ -56,6 +56,10 @@ class Request:
     # Token-exact positions where the window state is kept while prefilling (hybrid models):
     # declared breakpoints (sampling params, chat messages marked "cache").
     cache_breakpoints: list[int] = field(default_factory=list)
+    # DeepSeek's bounded replay: where this request resumed by recomputing its window over the
+    # cached compressed state (approximate). Its blocks from there are hashed apart (marked) and
+    # it keeps no window checkpoints, so nothing it computes is ever taken for exact state.
+    replay_start: int | None = None
     output_text: str = ""
     # Set when this request alone failed in the engine (sampling, its grammar, detokenizing, a
     # stop check): it is finished and its caller gets this error; the others go on.
@@ -118,4 +122,5 @@ class Request:
             num_lost_to_eviction=reuse.num_lost_to_eviction,
             num_cold_tokens=reuse.num_cold_tokens,
             reuse_source=self.reuse_source,
+            num_replayed_tokens=reuse.num_replayed_tokens,
         )

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from inference.engine.core.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
+REPLAY_MARK = b"\x1freplay"
 
 
 def hash_block_tokens(
@@ -62,10 +63,16 @@ class BlockHasher:
     def extra(self, request: Request) -> bytes:
         return extra_keys(self.model_fingerprint, request.sampling_params.cache_salt)
 
+    def chain_extra(self, request: Request) -> bytes:
+        """The extra keys of the request's blocks not hashed yet: a bounded replay's blocks
+        (approximate state) carry a mark, so no exact request ever matches them."""
+        extra = self.extra(request)
+        return extra + REPLAY_MARK if request.replay_start is not None else extra
+
     def update(self, request: Request) -> None:
         """Hash the request's full blocks not hashed yet."""
         request.block_hashes = hash_request_blocks(
-            request.all_token_ids, self.block_size, self.extra(request), request.block_hashes
+            request.all_token_ids, self.block_size, self.chain_extra(request), request.block_hashes
         )
 
     def parent_hash(self, request: Request, index: int) -> BlockHash:

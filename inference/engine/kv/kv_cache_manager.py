@@ -26,8 +26,18 @@ from inference.engine.kv.kv_cache_coordinator import KVCacheCoordinator, Longest
 from inference.engine.kv.partial_blocks import BlockCopy, PartialBlock
 from inference.engine.kv.prefix_reuse import PrefixReuse
 from inference.engine.kv.retention import RetentionPolicy
-from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager
+from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager, GroupHit
 from inference.engine.kv.sliding_window_manager import SlidingWindowManager
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedReplay:
+    """DeepSeek's bounded replay (approximate, off by default): a prefix whose window state was
+    not kept resumes `window` tokens early, at a multiple of `alignment` (the model's largest
+    compression rate, so no compressor window is cut)."""
+
+    window: int
+    alignment: int
 
 
 @dataclass(slots=True)
@@ -84,6 +94,7 @@ class KVCacheManager:
         num_sliding_blocks: int | None = None,
         exact_reuse: bool = False,
         junction_checkpoints: bool = False,
+        bounded_replay: BoundedReplay | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -104,6 +115,7 @@ class KVCacheManager:
         self.stats = PrefixCacheStats()
         # Junctions are window checkpoints: without a window group there are none to keep.
         self.junction_checkpoints = junction_checkpoints and bool(windows)
+        self.bounded_replay = bounded_replay if windows else None
         self.copies: list[BlockCopy] = []  # this step's, drained by the scheduler
         self.num_partial_block_copies = 0
 
@@ -166,12 +178,35 @@ class KVCacheManager:
             partial = PartialBlock(tuple(hit.source for hit in hits), reused % self.block_size)
         reuse, junction = None, 0
         if request.num_cached_tokens < 0:  # accounted once, when first admitted
-            reuse, matched = self._account(request, found)
-            if self.junction_checkpoints and matched > reused:
+            replay = self._replay_hit(request, found)
+            if replay is not None:
+                found, reused, hits = replay, replay.position, replay.hits
+            reuse, matched = self._account(request, found, replayed=replay is not None)
+            if replay is not None:  # from here on its blocks are hashed apart (marked)
+                request.replay_start = reused
+                request.block_hashes = request.block_hashes[: reused // self.block_size]
+            elif self.junction_checkpoints and matched > reused:
                 junction = min(matched, request.num_prompt_tokens)
         key = next((hit.key for hit in hits if hit.key is not None), None) if reused else None
         blocks = KVCacheBlocks(tuple(hit.blocks for hit in hits))
         return PrefixCacheHit(blocks, partial, reuse, junction, key), reused
+
+    def _replay_hit(self, request: Request, found: LongestCacheHit) -> LongestCacheHit | None:
+        """DeepSeek's bounded replay, where it reaches further than the exact hit: resume at R,
+        the last multiple of the alignment at least a window before the end of the full group's
+        match, with the compressed state of [0, R) from the cache and no window state; the
+        window [R, match) is recomputed, its sliding attention limited to the replayed span."""
+        if self.bounded_replay is None or request.replay_start is not None:
+            return None
+        window, align = self.bounded_replay.window, self.bounded_replay.alignment
+        start = max(0, found.match.num_reusable - window + 1) // align * align
+        if start <= found.position:
+            return None
+        num = start // self.block_size
+        full = GroupHit(start, found.match.chain[:num], kind="replay")
+        null = self.coordinator.full.block_pool.null_block
+        windows = [GroupHit(start, [null] * num, kind="replay") for _ in self.coordinator.others]
+        return LongestCacheHit(found.match, [full, *windows], max(found.evicted_position, start))
 
     def _source(self, found: LongestCacheHit) -> str:
         """What the reuse point came from: a pinned head's blocks, a declared breakpoint or a
@@ -184,7 +219,7 @@ class KVCacheManager:
         if any(block.block_id in pinned_ids for block in held):
             return "pinned"
         kind = next((hit.kind for hit in found.hits if hit.kind != "retention"), "retention")
-        if kind in ("breakpoint", "junction"):
+        if kind in ("breakpoint", "junction", "replay"):
             return kind
         return "block_chain"
 
@@ -260,7 +295,9 @@ class KVCacheManager:
         sliding = self.sliding
         return sliding.window_block_ids(request_id) if sliding is not None else None
 
-    def _account(self, request: Request, found: LongestCacheHit) -> tuple[PrefixReuse, int]:
+    def _account(
+        self, request: Request, found: LongestCacheHit, *, replayed: bool = False
+    ) -> tuple[PrefixReuse, int]:
         """Where the prompt's tokens went (see prefix_reuse), and where it leaves the cached
         range (the matched length): past the chain, a partial match with a cached block
         continuing it, then blocks evicted since."""
@@ -282,5 +319,6 @@ class KVCacheManager:
             matched=matched,
             evicted_upto=evicted_upto,
             source=self._source(found),
+            num_replayed_tokens=found.match.num_reusable - found.position if replayed else 0,
         )
         return reuse, matched

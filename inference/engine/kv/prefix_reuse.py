@@ -29,8 +29,12 @@ class PrefixReuse:
     num_lost_to_alignment: int = 0
     num_lost_to_eviction: int = 0
     num_cold_tokens: int = 0
-    # What the reuse point came from: none | block_chain | breakpoint | junction | pinned
+    # What the reuse point came from: none | block_chain | breakpoint | junction | pinned |
+    # replay (DeepSeek's bounded replay: approximate)
     source: str = "none"
+    # Bounded replay: of the tokens lost to retention, those recomputed over the cached
+    # compressed state with their window truncated (approximate), not from scratch.
+    num_replayed_tokens: int = 0
 
     @classmethod
     def cold(cls, num_prompt_tokens: int) -> PrefixReuse:
@@ -47,6 +51,7 @@ class PrefixReuse:
         matched: int,
         evicted_upto: int,
         source: str = "none",
+        num_replayed_tokens: int = 0,
     ) -> PrefixReuse:
         """Positions R ≤ Q ≤ H ≤ M ≤ E ≤ prompt length, as in the module docstring."""
         r, q, h, m, e = reused, checkpoint_evicted_upto, reusable, matched, evicted_upto
@@ -59,4 +64,5 @@ class PrefixReuse:
             num_lost_to_eviction=(q - r) + (e - m),
             num_cold_tokens=num_prompt_tokens - e,
             source=source,
+            num_replayed_tokens=num_replayed_tokens,
         )

@@ -263,7 +263,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         self.hasher.update(request)
         tokens = tuple(request.all_token_ids[index * size : request.num_computed_tokens])
         parent = request.block_hashes[index - 1] if index else None
-        block_hash = hash_block_tokens(parent, tokens, self.hasher.extra(request) + b"\x1fpartial")
+        block_hash = hash_block_tokens(
+            parent, tokens, self.hasher.chain_extra(request) + b"\x1fpartial"
+        )
         self.block_pool.cache_block(
             blocks[index], block_hash, tokens, self.hasher.parent_hash(request, index)
         )

@@ -188,7 +188,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self._release(table, self.first_needed_block(num_computed))
         new_blocks = self.block_pool.get_new_blocks(plan.num_new_blocks)
         table.extend(new_blocks)
-        if self.enable_caching:
+        if self.enable_caching and request.replay_start is None:  # a replay's window: approximate
             end = min(end, request.num_tokens)
             self._record_checkpoints(request, num_computed, end, junctions)
         return new_blocks
@@ -200,7 +200,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         pending inside it are recorded against it now.
         """
         table = self.req_to_blocks.get(request.request_id, [])
-        if tail is not None and self.enable_caching:
+        if tail is not None and self.enable_caching and request.replay_start is None:
             self._record_in_tail(request, table, *tail)
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_hashed.pop(request.request_id, None)

@@ -163,7 +163,14 @@ class ModelRunner:
                 first, block_ids = scheduled.window_block_ids
                 sliding.slot_mapping.extend(self._slots(block_ids, start, end, first))
                 sliding.spans.append(
-                    ScheduledSpan(query_start, end - start, start, block_ids, first_block=first)
+                    ScheduledSpan(
+                        query_start,
+                        end - start,
+                        start,
+                        block_ids,
+                        first_block=first,
+                        window_start=request.replay_start or 0,
+                    )
                 )
             if end == request.num_tokens:
                 sampling.append(request)

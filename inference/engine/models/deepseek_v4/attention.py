@@ -189,7 +189,11 @@ class Attention(nn.Module):
             first, last = seq.start // self.rate, seq.end // self.rate  # windows closed now
             if first == last:
                 continue
-            lo = self.rate * (first - 1 if compressor.overlap and first > 0 else first)
+            # CSA pools window first - 1's first series too, where it exists (a bounded
+            # replay has no window state before its start: its first window pools alone).
+            has_prev = compressor.overlap and first > 0
+            has_prev = has_prev and self.rate * (first - 1) >= seq.window_start
+            lo = self.rate * (first - 1 if has_prev else first)
             raw = state.projections[meta.window_slots_of(seq, lo, self.rate * last)]
             entries = compressor.pool(raw[:, :split], first, last - first, rotary)
             if self.kind == HCA:
@@ -204,7 +208,7 @@ class Attention(nn.Module):
 
     def _attend(self, seq: SequenceState, q, x, q_residual, positions, ropes, state, meta):
         """(Q, H, D): the sequence's queries over their window and their compressed entries."""
-        lo = max(0, seq.start - self.window + 1)
+        lo = max(seq.window_start, seq.start - self.window + 1)
         keys = state.window[meta.window_slots_of(seq, lo, seq.end)].to(q.dtype)  # (K, D)
         key_pos = torch.arange(lo, seq.end, device=q.device)
         visible = (key_pos[None, :] <= positions[:, None]) & (

@@ -164,6 +164,12 @@ class DeepseekV4Config:
         return tuple("sliding" if kind == SLIDING else "full" for kind in self.attention_kinds)
 
     @property
+    def replay_alignment(self) -> int:
+        """Where a bounded replay may start: a multiple of every compression rate, so that no
+        compressor window is cut (128 for V4)."""
+        return max(self.csa_rate, self.hca_rate)
+
+    @property
     def num_kv_heads(self) -> int:
         return 1  # shared-KV MQA
 

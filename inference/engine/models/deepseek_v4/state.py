@@ -150,6 +150,7 @@ class SequenceState:
     block_ids: list[int]  # full group: block i covers tokens [i*B, (i+1)*B)
     window_block_ids: list[int]  # sliding group, from block index `first_block` on
     first_block: int
+    window_start: int = 0  # a bounded replay's resume point: no window state before it
 
     @property
     def end(self) -> int:
@@ -204,7 +205,13 @@ class DeepseekV4MetadataBuilder:
         assert sliding is not None, "DeepSeek-V4 keeps its window state in the sliding group"
         sequences = [
             SequenceState(
-                f.query_start, f.query_len, f.num_computed, f.block_ids, s.block_ids, s.first_block
+                f.query_start,
+                f.query_len,
+                f.num_computed,
+                f.block_ids,
+                s.block_ids,
+                s.first_block,
+                s.window_start,
             )
             for f, s in zip(full.spans, sliding.spans, strict=True)
         ]
