@@ -35,6 +35,8 @@ def smollm2_metadata(smollm2_gguf_path: Path) -> dict[str, Any]:
 #   512, and 1 global one) with overrides; module-scoped, so each module's engines are shut down
 #   when it ends.
 # - `smollm2_engine`: the real model, loaded once (`real_model` tests only).
+# - `make_v4_engine`: build an LLMEngine on "deepseek-v4-tiny-random" with overrides (128
+#   blocks, 128-token steps unless told); function-scoped.
 
 
 def _engine(**overrides):
@@ -86,6 +88,24 @@ def make_hybrid_engine():
 
     def make(**overrides):
         config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
+        config.update(overrides)
+        engines.append(_engine(**config))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
+
+
+@pytest.fixture
+def make_v4_engine():
+    """Build an LLMEngine on "deepseek-v4-tiny-random" with overrides; shut down after the test."""
+    engines = []
+
+    def make(**overrides):
+        config = dict(
+            model="deepseek-v4-tiny-random", num_kv_blocks=128, max_num_batched_tokens=128
+        )
         config.update(overrides)
         engines.append(_engine(**config))
         return engines[-1]

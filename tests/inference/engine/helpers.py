@@ -8,3 +8,26 @@ import random
 def random_tokens(rng: random.Random, n: int) -> list[int]:
     """n token ids from the middle of Gemma's vocabulary (no special tokens)."""
     return [rng.randrange(1000, 200_000) for _ in range(n)]
+
+
+def smollm2_tokens(rng: random.Random, n: int) -> list[int]:
+    """n ids from the middle of SmolLM2's vocabulary (also deepseek-v4-tiny-random's)."""
+    return [rng.randrange(1000, 49_000) for _ in range(n)]
+
+
+# vLLM's rounding (blocks and the retention grid): no partial-block copy, no junctions, no
+# shared prefill; the talk's numbers come out under it.
+ROUNDING = dict(
+    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
+)
+
+
+def accounted(metrics) -> int:
+    """The prompt tokens a request's reuse accounting covers: they must add up to the prompt."""
+    return (
+        metrics.num_cached_tokens
+        + metrics.num_lost_to_retention
+        + metrics.num_lost_to_alignment
+        + metrics.num_lost_to_eviction
+        + metrics.num_cold_tokens
+    )

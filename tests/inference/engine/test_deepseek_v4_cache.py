@@ -13,40 +13,9 @@ import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.models.deepseek_v4.tiny import NAME
+from tests.inference.engine.helpers import ROUNDING, accounted, smollm2_tokens
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-# vLLM's rounding (blocks and the retention grid), as in test_hybrid_engine.
-ROUNDING = dict(
-    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
-)
-
-
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(1000, 49_000) for _ in range(n)]
-
-
-def accounted(metrics) -> int:
-    return (
-        metrics.num_cached_tokens
-        + metrics.num_lost_to_retention
-        + metrics.num_lost_to_alignment
-        + metrics.num_lost_to_eviction
-        + metrics.num_cold_tokens
-    )
-
-
-@pytest.fixture
-def make_engine():
-    engines = []
-
-    def make(**overrides) -> LLMEngine:
-        config = dict(model=NAME, num_kv_blocks=128, max_num_batched_tokens=128)
-        engines.append(LLMEngine(EngineConfig(**{**config, **overrides})))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +30,11 @@ def filled_rows(pool: torch.Tensor) -> int:
     return int((pool.abs().amax(dim=-1) > 0).sum())
 
 
-def test_a_prompt_leaves_one_entry_per_closed_window(make_engine):
+def test_a_prompt_leaves_one_entry_per_closed_window(make_v4_engine):
     """300 prompt tokens (the one sampled token is never run through the model): 75 CSA
     entries and 75 indexer keys per CSA layer, 2 HCA entries per HCA layer, at their blocks."""
-    engine = make_engine()
-    engine.generate(random_tokens(random.Random(1), 300), SamplingParams(max_tokens=1))
+    engine = make_v4_engine()
+    engine.generate(smollm2_tokens(random.Random(1), 300), SamplingParams(max_tokens=1))
     state = engine.runner.state
     assert state.csa_entries.shape[0] == state.hca_entries.shape[0] == 2  # two layers each
     for layer in range(2):
@@ -78,16 +47,16 @@ def test_a_prompt_leaves_one_entry_per_closed_window(make_engine):
 
 @pytest.mark.parametrize(("interval", "reused"), [(128, 256), (96, 288), (None, 288)])
 def test_hits_round_down_to_retention_checkpoints_and_resume_exactly(
-    make_engine, cold, interval, reused
+    make_v4_engine, cold, interval, reused
 ):
     """A 300-token head: kept window checkpoints every 128 → hit 256 (every buffer empty);
     every 96 → 288, where HCA's buffer holds 32 tokens and CSA's overlap is live; dense → the
     last full block. The rest is accounted as lost to retention and to alignment."""
-    engine = make_engine(retention_interval=interval, **ROUNDING)
+    engine = make_v4_engine(retention_interval=interval, **ROUNDING)
     rng = random.Random(interval or 0)
-    head = random_tokens(rng, 300)
-    engine.generate(head + random_tokens(rng, 10), GREEDY)
-    prompt = head + random_tokens(rng, 10)
+    head = smollm2_tokens(rng, 300)
+    engine.generate(head + smollm2_tokens(rng, 10), GREEDY)
+    prompt = head + smollm2_tokens(rng, 10)
     second = engine.generate(prompt, GREEDY)[0]
     metrics = second.metrics
     assert metrics.num_cached_tokens == reused
@@ -100,13 +69,13 @@ def test_hits_round_down_to_retention_checkpoints_and_resume_exactly(
         assert kept == list(range(interval, 310, interval))
 
 
-def test_an_evicted_head_is_accounted_and_recomputed(make_engine, cold):
+def test_an_evicted_head_is_accounted_and_recomputed(make_v4_engine, cold):
     """A pool of 30 blocks (20 hold one prompt): a second 300-token prompt evicts the first
     one's blocks; the first prompt again reuses what is left, counts the rest as lost to
     eviction, and answers as a cold engine does."""
-    engine = make_engine(num_kv_blocks=30)
+    engine = make_v4_engine(num_kv_blocks=30)
     rng = random.Random(7)
-    first, other = random_tokens(rng, 300), random_tokens(rng, 300)
+    first, other = smollm2_tokens(rng, 300), smollm2_tokens(rng, 300)
     engine.generate(first, GREEDY)
     engine.generate(other, GREEDY)
     again = engine.generate(first, GREEDY)[0]
@@ -115,12 +84,12 @@ def test_an_evicted_head_is_accounted_and_recomputed(make_engine, cold):
     assert again.token_ids == cold.generate(first, GREEDY)[0].token_ids
 
 
-def test_batching_and_preemption_give_each_prompt_its_own_output(make_engine, cold):
+def test_batching_and_preemption_give_each_prompt_its_own_output(make_v4_engine, cold):
     """Five prompts at once in a pool too small for all of them (preemptions happen), chunked
     at 64 tokens: each output is the one the prompt gets alone."""
-    engine = make_engine(num_kv_blocks=48, max_num_batched_tokens=64, max_num_seqs=5)
+    engine = make_v4_engine(num_kv_blocks=48, max_num_batched_tokens=64, max_num_seqs=5)
     rng = random.Random(3)
-    prompts = [random_tokens(rng, n) for n in (150, 260, 90, 200, 140)]
+    prompts = [smollm2_tokens(rng, n) for n in (150, 260, 90, 200, 140)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     together = engine.generate(prompts, params)
     assert engine.stats().num_preemptions > 0
@@ -148,23 +117,23 @@ def test_a_town_shaped_request_answers_valid_json(cold):
     assert answer["action"] in ("go", "rest", "buy") and len(answer["reason"]) <= 12
 
 
-def test_window_tails_have_a_budget_of_their_own(make_engine, cold):
+def test_window_tails_have_a_budget_of_their_own(make_v4_engine, cold):
     """A full group of 256 blocks (4,096 tokens of compressed prefix) beside a window group of
     24: the window tails are evicted among themselves, the compressed prefixes stay, and a
     prompt resumes from its kept checkpoint exactly."""
-    engine = make_engine(num_kv_blocks=256, num_window_blocks=24, retention_interval=128)
+    engine = make_v4_engine(num_kv_blocks=256, num_window_blocks=24, retention_interval=128)
     assert engine.runner.state.window.shape[1] == 24 * 16
     assert engine.runner.state.csa_entries.shape[1] == 256 * 4
     rng = random.Random(11)
-    heads = [random_tokens(rng, 300) for _ in range(4)]
+    heads = [smollm2_tokens(rng, 300) for _ in range(4)]
     for head in heads:  # four heads' compressed entries fit; their windows cannot all stay
-        engine.generate(head + random_tokens(rng, 5), GREEDY)
-    prompt = heads[-1] + random_tokens(rng, 5)
+        engine.generate(head + smollm2_tokens(rng, 5), GREEDY)
+    prompt = heads[-1] + smollm2_tokens(rng, 5)
     again = engine.generate(prompt, GREEDY)[0]
     assert again.metrics.num_cached_tokens == 256  # the last checkpoint of the newest head
     assert accounted(again.metrics) == again.metrics.num_prompt_tokens
     assert again.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
-    oldest = engine.generate(heads[0] + random_tokens(rng, 5), GREEDY)[0].metrics
+    oldest = engine.generate(heads[0] + smollm2_tokens(rng, 5), GREEDY)[0].metrics
     assert oldest.num_cold_tokens == 5  # its whole head is still in the compressed group...
     assert oldest.num_lost_to_eviction == 256  # ...but its window checkpoints were evicted
 

@@ -16,13 +16,9 @@ from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 from inference.engine.models import load_model
 from inference.engine.models.deepseek_v4.tiny import NAME, tiny_checkpoint
+from tests.inference.engine.helpers import smollm2_tokens as random_tokens
 
 BLOCK = 16
-
-
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    """n ids from the middle of SmolLM2's vocabulary (the tiny model's; no special tokens)."""
-    return [rng.randrange(1000, 49_000) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

@@ -10,51 +10,20 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.models.deepseek_v4.tiny import NAME
+from tests.inference.engine.helpers import ROUNDING, accounted, smollm2_tokens
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-ROUNDING = dict(
-    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
-)
 
 
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(1000, 49_000) for _ in range(n)]
-
-
-def accounted(m) -> int:
-    return (
-        m.num_cached_tokens
-        + m.num_lost_to_retention
-        + m.num_lost_to_alignment
-        + m.num_lost_to_eviction
-        + m.num_cold_tokens
-    )
-
-
-@pytest.fixture
-def make_engine():
-    engines = []
-
-    def make(**overrides) -> LLMEngine:
-        config = dict(model=NAME, num_kv_blocks=128, max_num_batched_tokens=128)
-        engines.append(LLMEngine(EngineConfig(**{**config, **overrides})))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
-
-
-def test_a_head_without_a_kept_window_resumes_by_replay(make_engine):
+def test_a_head_without_a_kept_window_resumes_by_replay(make_v4_engine):
     """Interval 4,096 keeps no window in a 300-token head: the exact path reuses nothing; the
     replay resumes at 128 (the last multiple of 128 a window before the 288 matched tokens) and
     recomputes 160 tokens over the cached compressed state."""
-    exact = make_engine(retention_interval=4096, **ROUNDING)
-    replay = make_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
+    exact = make_v4_engine(retention_interval=4096, **ROUNDING)
+    replay = make_v4_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
     rng = random.Random(1)
-    head = random_tokens(rng, 300)
-    first, second = head + random_tokens(rng, 10), head + random_tokens(rng, 10)
+    head = smollm2_tokens(rng, 300)
+    first, second = head + smollm2_tokens(rng, 10), head + smollm2_tokens(rng, 10)
     for engine in (exact, replay):
         engine.generate(first, GREEDY)
     exact_out = exact.generate(second, GREEDY)[0]
@@ -68,35 +37,35 @@ def test_a_head_without_a_kept_window_resumes_by_replay(make_engine):
     assert len(replay_out.token_ids) == 6
 
 
-def test_an_exact_hit_is_preferred_and_replay_is_off_by_default(make_engine):
+def test_an_exact_hit_is_preferred_and_replay_is_off_by_default(make_v4_engine):
     """Dense retention keeps the window: the exact hit reaches further than a replay could, so
     no replay; without the option no request ever replays."""
     rng = random.Random(2)
-    head = random_tokens(rng, 300)
-    dense = make_engine(enable_bounded_replay=True, **ROUNDING)
-    dense.generate(head + random_tokens(rng, 10), GREEDY)
-    out = dense.generate(head + random_tokens(rng, 10), GREEDY)[0]
+    head = smollm2_tokens(rng, 300)
+    dense = make_v4_engine(enable_bounded_replay=True, **ROUNDING)
+    dense.generate(head + smollm2_tokens(rng, 10), GREEDY)
+    out = dense.generate(head + smollm2_tokens(rng, 10), GREEDY)[0]
     assert out.metrics.reuse_source == "block_chain" and out.metrics.num_cached_tokens == 288
-    default = make_engine(retention_interval=4096, **ROUNDING)
-    default.generate(head + random_tokens(rng, 10), GREEDY)
+    default = make_v4_engine(retention_interval=4096, **ROUNDING)
+    default.generate(head + smollm2_tokens(rng, 10), GREEDY)
     assert (
-        default.generate(head + random_tokens(rng, 10), GREEDY)[0].metrics.num_replayed_tokens == 0
+        default.generate(head + smollm2_tokens(rng, 10), GREEDY)[0].metrics.num_replayed_tokens == 0
     )
 
 
-def test_a_replays_state_never_feeds_a_later_request(make_engine):
+def test_a_replays_state_never_feeds_a_later_request(make_v4_engine):
     """After a replayed request, a prompt that extends it (its prompt and output, then more)
     reuses nothing past the first prompt's exact state: the replay's blocks are hashed apart
     and it kept no window. Repeating the replayed prompt replays again, identically."""
-    engine = make_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
+    engine = make_v4_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
     rng = random.Random(3)
-    head = random_tokens(rng, 300)
-    first = head + random_tokens(rng, 100)
+    head = smollm2_tokens(rng, 300)
+    first = head + smollm2_tokens(rng, 100)
     engine.generate(first, GREEDY)
-    second = head + random_tokens(rng, 100)
+    second = head + smollm2_tokens(rng, 100)
     replayed = engine.generate(second, GREEDY)[0]
     assert replayed.metrics.reuse_source == "replay"
-    extended = second + replayed.token_ids + random_tokens(rng, 40)
+    extended = second + replayed.token_ids + smollm2_tokens(rng, 40)
     later = engine.generate(extended, GREEDY)[0].metrics
     # at most what the first prompt's exact blocks support (its 300 shared tokens, block-rounded)
     assert later.num_cached_tokens + later.num_replayed_tokens <= 288
@@ -110,7 +79,7 @@ def test_replay_needs_a_model_with_compressed_state():
         LLMEngine(EngineConfig(model="gemma3-tiny-random", enable_bounded_replay=True))
 
 
-def test_a_replay_computes_what_its_definition_says(make_engine):
+def test_a_replay_computes_what_its_definition_says(make_v4_engine):
     """The engine's replayed prefill equals the model run directly with that state: the whole
     prefix [0, 128) computed, then [128, n) with no window state before 128 (its sliding keys
     and CSA's overlapping window start there) over the compressed entries of [0, 128)."""
@@ -118,11 +87,11 @@ def test_a_replay_computes_what_its_definition_says(make_engine):
 
     from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 
-    engine = make_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
+    engine = make_v4_engine(retention_interval=4096, enable_bounded_replay=True, **ROUNDING)
     rng = random.Random(4)
-    head = random_tokens(rng, 300)
-    engine.generate(head + random_tokens(rng, 10), GREEDY)
-    prompt = head + random_tokens(rng, 10)
+    head = smollm2_tokens(rng, 300)
+    engine.generate(head + smollm2_tokens(rng, 10), GREEDY)
+    prompt = head + smollm2_tokens(rng, 10)
     captured = []
     model = engine.runner.model
     hook = model.register_forward_hook(

@@ -8,23 +8,9 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from tests.inference.engine.helpers import random_tokens
+from tests.inference.engine.helpers import ROUNDING, accounted, random_tokens
 
 GREEDY = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
-# vLLM's behaviour, which the talk measured: reuse rounds down to blocks and to the grid.
-ROUNDING = dict(
-    enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
-)
-
-
-def accounted(metrics) -> int:
-    return (
-        metrics.num_cached_tokens
-        + metrics.num_lost_to_retention
-        + metrics.num_lost_to_alignment
-        + metrics.num_lost_to_eviction
-        + metrics.num_cold_tokens
-    )
 
 
 @pytest.mark.parametrize(
