@@ -61,18 +61,23 @@ def tiny_engine_uncached():
     engine.shutdown()
 
 
-@pytest.fixture(scope="session")
-def make_tiny_engine():
-    """Build a tiny engine with overrides (e.g. num_kv_blocks=8); shut down at session end."""
+def _engines(**defaults):
+    """A maker of engines with `defaults` and per-call overrides; shuts them all down after."""
     engines = []
 
     def make(**overrides):
-        engines.append(_engine(**overrides))
+        engines.append(_engine(**{**defaults, **overrides}))
         return engines[-1]
 
     yield make
     for engine in engines:
         engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_engine():
+    """Build a tiny engine with overrides (e.g. num_kv_blocks=8); shut down at session end."""
+    yield from _engines()
 
 
 @pytest.fixture(scope="session")
@@ -84,32 +89,12 @@ def smollm2_engine():
 
 @pytest.fixture(scope="module")
 def make_hybrid_engine():
-    engines = []
-
-    def make(**overrides):
-        config = dict(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
-        config.update(overrides)
-        engines.append(_engine(**config))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
+    yield from _engines(model="gemma3-tiny-random", num_kv_blocks=600, max_num_batched_tokens=512)
 
 
 @pytest.fixture
 def make_v4_engine():
     """Build an LLMEngine on "deepseek-v4-tiny-random" with overrides; shut down after the test."""
-    engines = []
-
-    def make(**overrides):
-        config = dict(
-            model="deepseek-v4-tiny-random", num_kv_blocks=128, max_num_batched_tokens=128
-        )
-        config.update(overrides)
-        engines.append(_engine(**config))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
+    yield from _engines(
+        model="deepseek-v4-tiny-random", num_kv_blocks=128, max_num_batched_tokens=128
+    )
