@@ -217,29 +217,8 @@ class Attention(nn.Module):
         bias = torch.zeros(visible.shape, dtype=torch.float, device=q.device).masked_fill(
             ~visible, float("-inf")
         )
-        num_entries = seq.end // self.rate if self.rate else 0
-        if num_entries:
-            if self.kind == HCA:
-                entries = state.entries[meta.hca_entry_ids(seq, 0, num_entries, self.rate)]
-                closed = (positions + 1) // self.rate
-                entry_bias = torch.zeros(len(positions), num_entries, device=q.device)
-                entry_bias.masked_fill_(
-                    torch.arange(num_entries, device=q.device)[None, :] >= closed[:, None],
-                    float("-inf"),
-                )
-            else:
-                ids = meta.csa_entry_ids(seq, 0, num_entries)
-                entries = state.entries[ids]
-                rows = slice(seq.query_start, seq.query_start + seq.query_len)
-                cos, sin = ropes.compress
-                entry_bias = self.compressor.indexer.select(
-                    x,
-                    q_residual,
-                    (cos[rows], sin[rows]),
-                    state.index_entries[ids],
-                    positions,
-                    self.rate,
-                )
+        if self.rate and seq.end >= self.rate:  # some compressor window has closed
+            entries, entry_bias = self._entries(seq, x, q_residual, positions, ropes, state, meta)
             keys = torch.cat([keys, entries.to(q.dtype)])
             bias = torch.cat([bias, entry_bias], dim=1)
         logits = (
@@ -249,3 +228,21 @@ class Attention(nn.Module):
         combined = torch.cat([logits, sinks], dim=-1)
         probs = (combined - combined.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
         return torch.einsum("qhk,kd->qhd", probs, keys.float()).to(q.dtype)
+
+    def _entries(self, seq: SequenceState, x, q_residual, positions, ropes, state, meta):
+        """The sequence's compressed entries, (E, D), and which each query sees, (Q, E): HCA's
+        all that its windows closed by the query's position, CSA's the indexer's top-k of those."""
+        num_entries = seq.end // self.rate
+        closed = (positions + 1) // self.rate  # entries a query may see: windows ended by it
+        if self.kind == HCA:
+            entries = state.entries[meta.hca_entry_ids(seq, 0, num_entries, self.rate)]
+            future = torch.arange(num_entries, device=x.device)[None, :] >= closed[:, None]
+            bias = torch.zeros(future.shape, device=x.device).masked_fill(future, float("-inf"))
+            return entries, bias
+        ids = meta.csa_entry_ids(seq, 0, num_entries)
+        rows = slice(seq.query_start, seq.query_start + seq.query_len)
+        cos, sin = ropes.compress
+        bias = self.compressor.indexer.select(
+            x, q_residual, (cos[rows], sin[rows]), state.index_entries[ids], positions, self.rate
+        )
+        return state.entries[ids], bias
