@@ -1,6 +1,6 @@
 """Token counts for display (the admin's prompt view), with a model's own tokenizer.
 
-Loads only the tokenizer and chat template from the model's GGUF metadata, never the weights,
+Loads only the tokenizer and chat template (GGUF metadata or tokenizer.json), never the weights,
 once per process per model; the first call takes seconds (it imports the engine package, so
 torch), later ones microseconds. The engine's own counts stay the source of truth for metrics.
 """
@@ -18,20 +18,17 @@ _lock = threading.Lock()
 
 
 @functools.cache
-def _tokenizer_for_file(path: str) -> Tokenizer:
-    from inference.engine.loading.gguf_file import open_gguf, read_metadata
-    from inference.engine.loading.tokenizer import Tokenizer
+def _tokenizer_for_model(model: str) -> Tokenizer:
+    from inference.engine.models import load_tokenizer
 
-    return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))
+    return load_tokenizer(model)
 
 
 def tokenizer_for(model: str) -> Tokenizer:
-    """`model`'s tokenizer (a bundled model name or a .gguf path); ValueError if unknown."""
-    from inference.engine.loading.model_files import gguf_path_for
-
-    path = str(gguf_path_for(model))
+    """`model`'s tokenizer (a bundled or generated model name, a .gguf path or a checkpoint
+    directory); ValueError if unknown."""
     with _lock:
-        return _tokenizer_for_file(path)
+        return _tokenizer_for_model(model)
 
 
 def chat_token_counts(

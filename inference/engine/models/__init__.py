@@ -94,6 +94,17 @@ def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     return LoadedModel(model, config, tokenizer, fingerprint[:16], config.max_position_embeddings)
 
 
+def load_tokenizer(name: str, seed: int = 0) -> Tokenizer:
+    """A model's tokenizer and chat template alone, without its weights: from a GGUF file's
+    metadata, a checkpoint directory's tokenizer.json, or the generated tiny model's."""
+    if name == deepseek_v4_tiny.NAME:
+        return read_hf_tokenizer(deepseek_v4_tiny.tiny_checkpoint(seed))
+    path = gguf_path_for(name)
+    if is_hf_checkpoint(path):
+        return read_hf_tokenizer(path)
+    return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))
+
+
 def _load_hf_checkpoint(path, device: torch.device) -> LoadedModel:
     hf_config = read_hf_config(path)
     config_cls, model_cls, _ = ARCHITECTURES[HF_MODEL_TYPES[hf_config["model_type"]]]
