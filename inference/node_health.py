@@ -44,6 +44,7 @@ class NodeHeartbeat:
     num_running: int = 0  # requests in the engine's running batch
     num_waiting: int = 0  # requests in the engine's waiting queue
     num_queued: int = 0  # messages on the node's Celery queue that no worker took yet
+    num_reserved: int = 0  # tasks this worker took off the queue (prefetched), not begun yet
     kv_cache_usage: float = 0.0  # share of KV blocks used by live requests, 0..1
     prefix_keys: tuple[str, ...] = ()  # served lately, most recent first (inference/prefixes.py)
     model: str = ""
@@ -69,6 +70,7 @@ class NodeState:
     num_running: int = 0
     num_waiting: int = 0
     num_queued: int = 0
+    num_reserved: int = 0
     kv_cache_usage: float = 0.0
     prefix_keys: frozenset[str] = frozenset()
     workers: tuple[str, ...] = ()  # the live ones
@@ -76,8 +78,9 @@ class NodeState:
 
     @property
     def load(self) -> int:
-        """What a new request would wait behind: running, waiting and still on the queue."""
-        return self.num_running + self.num_waiting + self.num_queued
+        """What a new request would wait behind: running, waiting, taken by a worker but not
+        begun, and still on the queue."""
+        return self.num_running + self.num_waiting + self.num_reserved + self.num_queued
 
 
 class HeartbeatStore(Protocol):
@@ -190,6 +193,7 @@ def node_states_from(
                 num_waiting=sum(hb.num_waiting for hb in live),
                 # Every worker of a node sees the same queue: count it once.
                 num_queued=max((hb.num_queued for hb in live), default=0),
+                num_reserved=sum(hb.num_reserved for hb in live),
                 kv_cache_usage=max((hb.kv_cache_usage for hb in live), default=0.0),
                 prefix_keys=frozenset(k for hb in live for k in hb.prefix_keys),
                 workers=tuple(sorted(hb.worker for hb in live)),
@@ -217,6 +221,14 @@ def _queue_length(client: redis.Redis, queue: str) -> int:
     """Messages waiting on a node's Celery queue (kombu's Redis transport keeps a list per
     queue, named after it)."""
     return int(client.llen(queue))
+
+
+def _reserved_not_begun() -> int:
+    """Tasks this worker process has taken off its queues (each thread takes one ahead: the
+    prefetch) but not begun; 0 outside a worker."""
+    from celery.worker import state
+
+    return max(0, len(state.reserved_requests) - len(state.active_requests))
 
 
 class HeartbeatPublisher:
@@ -273,6 +285,7 @@ class HeartbeatPublisher:
                 num_running=stats.num_running if stats else 0,
                 num_waiting=stats.num_waiting if stats else 0,
                 num_queued=self._queued(node),
+                num_reserved=_reserved_not_begun(),
                 kv_cache_usage=float(stats.kv_cache_usage) if stats else 0.0,
                 prefix_keys=keys,
                 model=model,
