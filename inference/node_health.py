@@ -22,12 +22,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from django.conf import settings
+from prometheus_client.core import GaugeMetricFamily
 
 from inference.prefixes import ServedPrefixes, served_prefixes
 
@@ -215,6 +216,44 @@ def node_states(nodes: Sequence[str], store: HeartbeatStore | None = None) -> li
     return node_states_from(
         nodes, heartbeats, now=time.time(), down_s=settings.INFERENCE_NODE_DOWN_S
     )
+
+
+class NodeHealthCollector:
+    """/metrics: each configured node's state, from the heartbeats, at scrape time."""
+
+    def collect(self) -> Iterator[Any]:
+        from inference.nodes import node_names
+
+        labels = ["node"]
+        families = {
+            "up": GaugeMetricFamily(
+                "pokomachi:node_up",
+                "1 if a worker of the node sent a heartbeat lately.",
+                labels=labels,
+            ),
+            "load": GaugeMetricFamily(
+                "pokomachi:node_load",
+                "Requests running, waiting, taken but not begun, and queued on the node.",
+                labels=labels,
+            ),
+            "age": GaugeMetricFamily(
+                "pokomachi:node_heartbeat_age_seconds",
+                "Seconds since the node's newest heartbeat (absent: never heard).",
+                labels=labels,
+            ),
+            "prefixes": GaugeMetricFamily(
+                "pokomachi:node_prefixes",
+                "Prompt prefixes the node served lately (what routing matches on).",
+                labels=labels,
+            ),
+        }
+        for state in node_states(node_names()):
+            families["up"].add_metric([state.node], 1.0 if state.is_up else 0.0)
+            families["load"].add_metric([state.node], float(state.load))
+            families["prefixes"].add_metric([state.node], float(len(state.prefix_keys)))
+            if state.last_seen_s is not None:
+                families["age"].add_metric([state.node], state.last_seen_s)
+        yield from families.values()
 
 
 def _queue_length(client: redis.Redis, queue: str) -> int:

@@ -14,6 +14,7 @@ from inference.node_health import (
     MemoryHeartbeatStore,
     NodeHeartbeat,
     RedisHeartbeatStore,
+    heartbeat_store,
     node_states,
 )
 from inference.prefixes import ServedPrefixes, prompt_prefixes
@@ -77,3 +78,46 @@ def test_a_node_silent_past_the_down_time_is_down(settings):
     a, b = node_states(["a", "b"], store)
     assert not a.is_up and a.last_seen_s >= 6
     assert b.is_up
+
+
+@pytest.fixture
+def nodes_heard(settings, redis_url):
+    """Two configured nodes: `up` heard a second ago, `down` 60 s ago; their heartbeats in
+    Redis under a fresh prefix."""
+    settings.INFERENCE_METRICS_PREFIX = f"test-{uuid.uuid4().hex[:8]}"
+    settings.INFERENCE_NODE_DOWN_S = 10
+    up, down = f"up-{uuid.uuid4().hex[:6]}", f"down-{uuid.uuid4().hex[:6]}"
+    settings.INFERENCE_NODES = [up, down]
+    store = heartbeat_store()
+    store.put(
+        NodeHeartbeat(node=up, worker=f"{up}@h", sent_at=time.time() - 1, num_running=3,
+                      num_queued=2, prefix_keys=("k1", "k2")),
+        keep_s=60,
+    )  # fmt: skip
+    store.put(NodeHeartbeat(node=down, worker=f"{down}@h", sent_at=time.time() - 60), keep_s=60)
+    return up, down
+
+
+def test_metrics_show_each_nodes_state(client, nodes_heard):
+    up, down = nodes_heard
+    text = client.get("/metrics").content.decode()
+    assert f'pokomachi:node_up{{node="{up}"}} 1.0' in text
+    assert f'pokomachi:node_up{{node="{down}"}} 0.0' in text
+    assert f'pokomachi:node_load{{node="{up}"}} 5.0' in text
+    assert f'pokomachi:node_prefixes{{node="{up}"}} 2.0' in text
+    assert f'pokomachi:node_heartbeat_age_seconds{{node="{down}"}} 6' in text  # 60.x s
+
+
+def test_the_admin_node_page_shows_up_and_down(admin_client, nodes_heard):
+    up, down = nodes_heard
+    page = admin_client.get("/admin/nodes/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f"<td>{up}</td>" in html and f"<td>{down}</td>" in html
+    assert html.count("pk-node-up") == 1 and html.count("pk-node-down") == 1
+    assert f"{up}@h" in html and "s ago" in html
+
+
+def test_the_node_page_is_for_staff_only(client):
+    page = client.get("/admin/nodes/")
+    assert page.status_code == 302 and "/admin/login/" in page["Location"]
