@@ -8,9 +8,9 @@ Policies:
   max − min > `balance_abs` AND max > `balance_rel` × min, both must hold — the request goes to
   the least loaded node. Otherwise to the node holding the longest prefix of its prompt (its
   longest cache breakpoint: for the town, the resident's own head first, then the shared head).
-  Ties (equal match, or no node holds anything) go by rendezvous hashing of the affinity key
-  over the node names, so a request keeps its node while nothing else changes, and a node
-  that leaves or joins moves only its own share.
+  Ties (equal match, or no node holds anything) go to the least loaded of the tied nodes, then by
+  rendezvous hashing of the affinity key over the node names: stable, so a request keeps its
+  node while nothing else changes, and a node that leaves or joins moves only its own share.
 - `round_robin`: the next node in turn, one turn per request, the turn counter shared by the
   whole deployment (as SGLang's router's).
 - `fixed`: the request's position in its batch modulo the nodes (the town's rule before
@@ -21,15 +21,17 @@ the town computing inline, or workers older than heartbeats), every policy falls
 `fixed` over all of them, so the decision waits on its node's queue as it always did.
 
 A `Router` routes a batch (one tick's decisions): what it sends to a node counts as that node's
-load, and the prefixes it sends there as held by it, for the requests after it, as SGLang's
-router inserts a routed request into that worker's tree.
+load for the requests after it. Unlike SGLang's router, it does not count the prefixes it sent
+as held there until the node's own heartbeat says so: in a tick every prompt is another
+resident's, and counting the shared head as held on the first node it went to would send the
+whole tick after it (a head every node computes once is not worth a queue).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from inference.node_health import NodeState
 from inference.prefixes import PromptPrefix
@@ -70,9 +72,9 @@ class RouteRequest:
 
 @dataclass(frozen=True, slots=True)
 class RouteChoice:
-    """Where a request goes and why: "cache" (longest held prefix), "affinity" (a tie, by the
-    affinity hash), "balance" (the loads were imbalanced: least loaded), "round_robin",
-    "fixed", or "no_live_node" (none up: the fixed rule over all)."""
+    """Where a request goes and why: "cache" (longest held prefix), "affinity" (a tie: the least
+    loaded, then the affinity hash), "balance" (the loads were imbalanced: least loaded),
+    "round_robin", "fixed", or "no_live_node" (none up: the fixed rule over all)."""
 
     node: str
     reason: str
@@ -89,7 +91,7 @@ def affinity_rank(affinity_key: str, node: str) -> int:
 class _Candidate:
     node: str
     load: int
-    prefix_keys: set[str] = field(default_factory=set)
+    prefix_keys: frozenset[str] = frozenset()
 
 
 class Router:
@@ -114,7 +116,7 @@ class Router:
         self.thresholds = thresholds or BalanceThresholds()
         self._all = [s.node for s in states]
         self._live = [
-            _Candidate(node=s.node, load=s.load, prefix_keys=set(s.prefix_keys))
+            _Candidate(node=s.node, load=s.load, prefix_keys=s.prefix_keys)
             for s in states
             if s.is_up
         ]
@@ -136,7 +138,6 @@ class Router:
             choice = self._cache_aware(request)
             chosen = self._by_node(choice.node)
         chosen.load += 1
-        chosen.prefix_keys.update(p.key for p in request.prefixes)
         return choice
 
     def _by_node(self, node: str) -> _Candidate | None:
@@ -153,7 +154,8 @@ class Router:
         matched = {c.node: self._matched(c, request) for c in self._live}
         best = max(matched.values())
         tied = [c for c in self._live if matched[c.node] == best]
-        chosen = max(tied, key=stable)
+        least = min(c.load for c in tied)
+        chosen = max((c for c in tied if c.load == least), key=stable)
         reason = "cache" if best and len(tied) == 1 else "affinity"
         return RouteChoice(chosen.node, reason, best)
 
