@@ -206,6 +206,9 @@ INFERENCE_ENGINE = {
 # one machine gives each worker its share of the cores.
 if env_str("POKOMACHI_TORCH_THREADS"):
     INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
+# The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
+if env_str("POKOMACHI_KV_BLOCKS"):
+    INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.

@@ -44,3 +44,6 @@ INFERENCE_ENGINE = {
 }
 if env_str("POKOMACHI_TORCH_THREADS"):
     INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
+# The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
+if env_str("POKOMACHI_KV_BLOCKS"):
+    INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)

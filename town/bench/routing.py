@@ -80,7 +80,7 @@ class ScenarioResult:
 class NodeWorker:
     """A `celery worker` for one node, started for the bench."""
 
-    def __init__(self, node: str, *, threads: int, log_dir: Path) -> None:
+    def __init__(self, node: str, *, threads: int, kv_blocks: int | None, log_dir: Path) -> None:
         self.node = node
         self.hostname = f"{node}@{uuid.uuid4().hex[:6]}"
         self.log_path = log_dir / f"{node}.log"
@@ -89,6 +89,7 @@ class NodeWorker:
             "POKOMACHI_TORCH_THREADS": str(threads),
             "POKOMACHI_HEARTBEAT_INTERVAL": "0.5",
             "PYTHONUNBUFFERED": "1",
+            **({"POKOMACHI_KV_BLOCKS": str(kv_blocks)} if kv_blocks else {}),
         }
         argv = [
             sys.executable, "-m", "celery", "-A", "pokosite", "worker", "-Q", node,
@@ -122,8 +123,12 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> Non
         time.sleep(0.05)
 
 
-def _workers_start(nodes: list[str], *, threads: int, log_dir: Path) -> list[NodeWorker]:
-    workers = [NodeWorker(node, threads=threads, log_dir=log_dir) for node in nodes]
+def _workers_start(
+    nodes: list[str], *, threads: int, kv_blocks: int | None, log_dir: Path
+) -> list[NodeWorker]:
+    workers = [
+        NodeWorker(node, threads=threads, kv_blocks=kv_blocks, log_dir=log_dir) for node in nodes
+    ]
     try:
         _wait_for(
             lambda: all(s.is_up for s in node_states(nodes)),
@@ -149,11 +154,12 @@ def scenario_run(
     diary_chars: int,
     layout: str,
     threads: int,
+    kv_blocks: int | None,
     log_dir: Path,
     progress: Callable[[str], None],
 ) -> ScenarioResult:
     nodes = list(NODES[: scenario.num_nodes])
-    workers = _workers_start(nodes, threads=threads, log_dir=log_dir)
+    workers = _workers_start(nodes, threads=threads, kv_blocks=kv_blocks, log_dir=log_dir)
     try:
         run = services.run_create(
             town=_town(),

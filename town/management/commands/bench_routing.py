@@ -29,12 +29,20 @@ class Command(BaseCommand):
         parser.add_argument("--layout", choices=LAYOUTS, default="shared_then_resident_head")
         parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (1)")
         parser.add_argument(
+            "--kv-blocks",
+            type=int,
+            default=None,
+            help="KV pool per worker, in blocks of 16 tokens (default: the engine's byte budget)",
+        )
+        parser.add_argument(
             "--scenarios",
             default=",".join(SCENARIOS),
             help=f"comma-separated, from {', '.join(SCENARIOS)} (all)",
         )
 
-    def handle(self, *args, ticks, residents, diary_chars, layout, threads, scenarios, **options):
+    def handle(
+        self, *args, ticks, residents, diary_chars, layout, threads, kv_blocks, scenarios, **options
+    ):
         names = [n.strip() for n in scenarios.split(",") if n.strip()]
         unknown = [n for n in names if n not in SCENARIOS]
         if unknown or not names:
@@ -46,7 +54,8 @@ class Command(BaseCommand):
         load = os.getloadavg()
         self.stdout.write(
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
-            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; worker logs in {log_dir}"
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; KV pool {kv_blocks or 'default'} "
+            f"blocks; worker logs in {log_dir}"
         )
         results = []
         for name in names:
@@ -58,6 +67,7 @@ class Command(BaseCommand):
                     diary_chars=diary_chars,
                     layout=layout,
                     threads=threads,
+                    kv_blocks=kv_blocks,
                     log_dir=log_dir,
                     progress=self.stdout.write,
                 )
