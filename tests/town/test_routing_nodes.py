@@ -28,7 +28,7 @@ NODE_ENV = {"POKOMACHI_HEARTBEAT_INTERVAL": "0.5", "POKOMACHI_TORCH_THREADS": "1
 
 @pytest.fixture
 def two_nodes(celery_worker_process, settings):
-    settings.INFERENCE_NODE_DOWN_S = 3.0
+    settings.INFERENCE_NODE_DOWN_S = 5.0  # heartbeats every 0.5 s, on a busy machine
     a = celery_worker_process(env=NODE_ENV)
     b = celery_worker_process(env=NODE_ENV)
     _wait_for(lambda: all(s.is_up for s in node_states([a.queue, b.queue])), "nodes not up")
