@@ -180,3 +180,16 @@ def test_a_heartbeat_survives_its_json():
         node="a", worker="a@h", sent_at=5.0, num_running=1, kv_cache_usage=0.25, prefix_keys=("k",)
     )
     assert NodeHeartbeat.from_json(heartbeat.to_json()) == heartbeat
+
+
+def test_manage_py_check_names_bad_routing_settings(settings):
+    from inference.checks import routing_settings_problems
+
+    assert routing_settings_problems() == []
+    settings.INFERENCE_ROUTING_POLICY = "random"
+    settings.INFERENCE_ROUTING_BALANCE_REL = 0.5
+    settings.INFERENCE_HEARTBEAT_INTERVAL_S = 20.0
+    problems = " | ".join(routing_settings_problems())
+    assert "POKOMACHI_ROUTING='random': use one of cache_aware, round_robin, fixed" in problems
+    assert "relative balance threshold must be ≥ 1" in problems
+    assert "POKOMACHI_HEARTBEAT_INTERVAL must be more than 0 and less than" in problems
