@@ -7,9 +7,10 @@ one Redis hash (settings.REDIS_URL, key `<INFERENCE_METRICS_PREFIX>:series`, HIN
 so workers never lose each other's counts), and `/metrics` reads that hash and renders it with
 `prometheus-client`. Counters and histograms therefore cover every node since the hash was
 made, exactly as Prometheus expects of counters. The live gauges (running, waiting, KV usage)
-come from each worker's latest stats snapshot (inference/engine_stats.py). Recording is best
-effort: if Redis does not answer, the completion goes on, the loss is logged, and recording
-pauses for a while.
+come from each worker's latest stats snapshot (inference/engine_stats.py), and each node's
+state (up, load, heartbeat age, prefixes held) from its heartbeats (inference/node_health.py).
+Recording is best effort: if Redis does not answer, the completion goes on, the loss is logged,
+and recording pauses for a while.
 """
 
 from __future__ import annotations
@@ -224,10 +225,12 @@ class RedisCollector:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """GET: the exposition; HEAD: the same status and headers, no body (uptime checks)."""
     from inference.engine_stats import EngineStatsCollector
+    from inference.node_health import NodeHealthCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector())
     registry.register(EngineStatsCollector(_store.client()))
+    registry.register(NodeHealthCollector())
     body = generate_latest(registry)
     response = HttpResponse(b"" if request.method == "HEAD" else body)
     response["Content-Type"] = CONTENT_TYPE_LATEST

@@ -19,6 +19,7 @@ from django.conf import settings
 from inference.completion import Completion, CompletionMetrics, CompletionRequest, messages_check
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.metrics import metrics_record
+from inference.prefixes import prompt_prefixes, served_prefixes
 from inference.remote import remote_generate, remote_is_configured
 from inference.runtime import engine_get
 
@@ -100,6 +101,8 @@ def _engine_generate(
         raise CompletionInputError(str(exc)) from exc
     except TimeoutError as exc:
         raise CompletionTimeoutError(str(exc)) from exc
+    # What this node now holds, for its heartbeat (inference/prefixes.py says how approximate).
+    served_prefixes().record(prompt_prefixes(messages, request.cache_salt))
     metrics = CompletionMetrics.from_request_metrics(output.metrics)
     metrics_record(
         model=settings.INFERENCE_ENGINE["model"],
@@ -133,9 +136,11 @@ def completion_head_warm(*, messages: list[dict[str, Any]], cache_salt: str | No
         )
     messages_check(messages)
     try:
-        return engine_get().warm(messages, pin=True, cache_salt=cache_salt).handle
+        handle = engine_get().warm(messages, pin=True, cache_salt=cache_salt).handle
     except ValueError as exc:
         raise CompletionInputError(str(exc)) from exc
+    served_prefixes().record(prompt_prefixes(messages, cache_salt))
+    return handle
 
 
 def completion_head_unpin(*, handle: int) -> None:

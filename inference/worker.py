@@ -1,5 +1,6 @@
 """A node worker's lifecycle: load the engine when the worker starts, publish its live stats
-while it runs (inference/engine_stats.py), stop both when it stops.
+(inference/engine_stats.py) and its node's heartbeat (inference/node_health.py) while it runs,
+stop them all when it stops.
 
 Connected in InferenceConfig.ready(); the signals fire only inside `celery worker` processes.
 The warm-up runs before the worker logs "ready.", so a ready worker can serve at once. With an
@@ -15,12 +16,13 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
 from inference.engine_stats import StatsPublisher
+from inference.node_health import HeartbeatPublisher
 from inference.remote import remote_is_configured
 from inference.runtime import engine_get, engine_shutdown
 
 logger = logging.getLogger(__name__)
 
-_publishers: list[StatsPublisher] = []
+_publishers: list[StatsPublisher | HeartbeatPublisher] = []
 
 
 def _pool_forks(consumer: object) -> bool:
@@ -63,6 +65,28 @@ def stats_publish_start(sender: object = None, **_: object) -> None:
     _publishers.append(StatsPublisher(name).start())
 
 
+def worker_nodes(consumer: object) -> list[str]:
+    """The nodes this worker serves: the queues it consumes (`-Q spark-a`), which are named after
+    their nodes (inference/nodes.py)."""
+    app = getattr(consumer, "app", None)
+    try:
+        queues = list(app.amqp.queues.consume_from) if app is not None else []
+    except AttributeError:
+        queues = []
+    return sorted(queues)
+
+
+def heartbeat_start(sender: object = None, **_: object) -> None:
+    """Say, every few seconds, that this worker's nodes are up, how loaded, holding what."""
+    nodes = worker_nodes(sender)
+    if not nodes:
+        logger.warning("this worker consumes no queue: no node heartbeat is sent")
+        return
+    name = getattr(sender, "hostname", None) or "worker"
+    _publishers.append(HeartbeatPublisher(nodes=nodes, worker=name).start())
+    logger.info("node heartbeat: %s up as %s", ", ".join(nodes), name)
+
+
 def engine_stop(**_: object) -> None:
     while _publishers:
         _publishers.pop().stop()
@@ -74,4 +98,6 @@ def worker_signals_connect() -> None:
     worker_ready.connect(
         stats_publish_start, weak=False, dispatch_uid="inference.stats_publish_start"
     )
+    # After the warm-up (connected later, so called later): a node is up once it can serve.
+    worker_ready.connect(heartbeat_start, weak=False, dispatch_uid="inference.heartbeat_start")
     worker_shutdown.connect(engine_stop, weak=False, dispatch_uid="inference.engine_stop")

@@ -16,6 +16,11 @@ Environment (besides the settings' own, see pokosite/settings/base.py; both read
 pokosite/env.py):
   POKOMACHI_HOST (127.0.0.1), POKOMACHI_PORT (8000)    where daphne listens
   POKOMACHI_WORKER_CONCURRENCY (4)                     threads per node worker
+  POKOMACHI_TORCH_THREADS                              torch threads per node worker (default:
+                                                       with several nodes, the cores / nodes)
+
+Two local nodes for trying routing and failover: POKOMACHI_NODES=spark-a,spark-b make run (one
+worker per node, each on its own queue, each with half the cores).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class ChildSpec:
     stop_timeout_s: float = 20.0
     # Children stop in waves, lowest first; a wave is signalled together.
     stop_wave: int = 1
+    # Set in this child's environment on top of the launcher's.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,16 @@ class LaunchPlan:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
+
+
+def _worker_env(*, env: Mapping[str, str], num_nodes: int) -> dict[str, str]:
+    """Several nodes on this one machine share its cores: unless POKOMACHI_TORCH_THREADS says
+    otherwise, each worker's engine gets its share (at least one thread), so they do not fight
+    over the same cores."""
+    threads = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024, env=env)
+    if threads or num_nodes < 2:
+        return {}
+    return {"POKOMACHI_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // num_nodes))}
 
 
 def launch_plan(
@@ -81,6 +98,7 @@ def launch_plan(
     try:
         port = env_int("POKOMACHI_PORT", 8000, low=1, high=65535, env=env)
         concurrency = env_int("POKOMACHI_WORKER_CONCURRENCY", 4, low=1, high=64, env=env)
+        worker_env = _worker_env(env=env, num_nodes=len(nodes))
     except EnvError as exc:
         raise LaunchError(str(exc)) from None
     children = [
@@ -93,6 +111,7 @@ def launch_plan(
             ],
             # Warm shutdown lets decisions in flight finish; one killed is redelivered.
             stop_timeout_s=30.0,
+            env=worker_env,
         )
         for node in nodes
     ]  # fmt: skip
@@ -155,7 +174,7 @@ class Child:
         self.process = subprocess.Popen(
             spec.argv,
             cwd=BASE_DIR,
-            env=dict(env),
+            env={**env, **spec.env},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from inference.admin_views import nodes_view
 from inference.metrics import metrics_view
 from pokosite import api_docs
 from pokosite.views import favicon, healthz
@@ -10,6 +11,7 @@ from pokosite.views import favicon, healthz
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
+    path("admin/nodes/", admin.site.admin_view(nodes_view), name="admin-nodes"),
     path("admin/", admin.site.urls),
     path("api/schema/", api_docs.schema_view, name="api-schema"),
     path("api/docs/", api_docs.swagger_view, name="api-docs"),

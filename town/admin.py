@@ -22,6 +22,7 @@ from django.utils.text import Truncator
 from django.utils.timezone import localtime
 from django.views.decorators.http import require_POST
 
+from inference.node_health import node_states
 from town import services
 from town.admin_format import percent_html, rounded_field
 from town.errors import RunStateError, TownError
@@ -177,6 +178,7 @@ class RunAdmin(admin.ModelAdmin):
                 "summary_rows": run_summary(run=run).rows(),
                 "chart_data": run_chart_data(run=run),
                 "quality": TownQuality.from_json(run.quality),
+                "node_states": node_states(run.nodes),
             }
         return super().change_view(request, object_id, form_url, extra_context)
 

@@ -98,6 +98,14 @@ class RunLayout(models.TextChoices):
     SHARED_THEN_RESIDENT_HEAD = "shared_then_resident_head"
 
 
+class RunRouting(models.TextChoices):
+    """Which node a decision goes to (inference/routing.py: POLICIES)."""
+
+    CACHE_AWARE = "cache_aware"
+    ROUND_ROBIN = "round_robin"
+    FIXED = "fixed"
+
+
 def _validate_temperature(value: float) -> None:
     if not 0 <= value <= 2:  # NaN too
         raise ValidationError(
@@ -123,6 +131,7 @@ class Run(models.Model):
     (nodes, model, retention interval) stay in the service: they depend on the environment."""
 
     Layout = RunLayout
+    Routing = RunRouting
 
     class Status(models.TextChoices):
         CREATED = "created"
@@ -142,6 +151,16 @@ class Run(models.Model):
     )
     model = models.CharField(max_length=100, help_text="The model the nodes serve.")
     nodes = models.JSONField(default=list, help_text="Inference node names, decisions spread.")
+    routing = models.CharField(
+        max_length=20,
+        choices=RunRouting.choices,
+        default=RunRouting.CACHE_AWARE,
+        error_messages={
+            "invalid_choice": "unknown routing %(value)r; use one of "
+            + ", ".join(RunRouting.values)
+        },
+        help_text="How decisions are spread over the nodes (inference/routing.py).",
+    )
     concurrency = models.PositiveIntegerField(
         default=4,
         validators=[_at_least(1, "concurrency must be at least 1 decision in flight")],
@@ -194,6 +213,9 @@ class Run(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(layout__in=RunLayout.values), name="run_layout_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(routing__in=RunRouting.values), name="run_routing_known"
             ),
             models.CheckConstraint(condition=Q(concurrency__gte=1), name="run_concurrency_min"),
             models.CheckConstraint(

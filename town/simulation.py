@@ -1,7 +1,9 @@
 """The tick loop: one tick fans out one decision per resident, at most `concurrency` in flight,
 waits for the answers (or the run's decision timeout), then applies them in resident order. A
 decision no worker has begun within settings.TOWN_DECISION_RESEND_S is sent again (its message
-may be lost: services/decisions.py says how).
+may be lost: services/decisions.py says how). A decision whose node is down (no heartbeat for
+settings.INFERENCE_NODE_DOWN_S) while another of the run's nodes is up goes to that one instead,
+queued or running: the tick does not wait for the dead node.
 
 Decisions go to the nodes' Celery queues (`tasks.decision_send`). `InlineSend` computes them in
 this process instead, on threads sharing this process's engine — the same service, for
@@ -22,11 +24,13 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from inference.node_health import NodeState, node_states
 from inference.task_queue import TaskQueueUnavailable
 from town import services
 from town.models import Decision, Run, Tick
 from town.selectors import runs_due, tick_decisions
 from town.services.decisions import ANSWERED, IN_FLIGHT, DecisionSend
+from town.services.routes import decision_node_replacement
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +61,9 @@ class InlineSend:
             )
         except Exception as exc:
             logger.exception("decision %s failed inline", decision_id)
-            services.decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}")
+            services.decision_fail(
+                decision_id=decision_id, error=f"{type(exc).__name__}: {exc}", send=send
+            )
         finally:
             connection.close()
 
@@ -71,13 +77,33 @@ def _timed_out(decision: Decision, timeout_s: float) -> bool:
     return (timezone.now() - decision.dispatched_at).total_seconds() > timeout_s
 
 
-def _queue_down_logged(service: Callable[..., object], *, decision, send: DecisionSend) -> None:
+def _queue_down_logged(
+    service: Callable[..., object], *, decision, send: DecisionSend, **kwargs: object
+) -> None:
     """Send through `service`; with the task queue down, log it and let the next pass retry
     (dispatch leaves the decision pending, a resend leaves it due)."""
     try:
-        service(decision=decision, send=send)
+        service(decision=decision, send=send, **kwargs)
     except TaskQueueUnavailable as exc:
         logger.warning("decision %s not sent: %s", decision.pk, exc)
+
+
+class _NodeHealth:
+    """The run's nodes' states, read at most every HEALTH_READ_S: which node replaces a down
+    one for a decision (services/routes.py), None while its own is up or none is."""
+
+    HEALTH_READ_S = 0.5
+
+    def __init__(self, *, run: Run) -> None:
+        self._run = run
+        self._states: list[NodeState] = []
+        self._read_at = -float("inf")
+
+    def replacement(self, decision: Decision) -> str | None:
+        if time.monotonic() - self._read_at >= self.HEALTH_READ_S:
+            self._states = node_states(self._run.nodes)
+            self._read_at = time.monotonic()
+        return decision_node_replacement(run=self._run, decision=decision, states=self._states)
 
 
 def _tick_decide(
@@ -91,17 +117,25 @@ def _tick_decide(
 ) -> None:
     num_answered_seen = 0
     resend_s = settings.TOWN_DECISION_RESEND_S
+    health = _NodeHealth(run=run)
     while True:
         decisions = tick_decisions(tick=tick)
         in_flight = [d for d in decisions if d.status in IN_FLIGHT]
         for decision in in_flight:
+            replacement = health.replacement(decision)
             if _timed_out(decision, run.decision_timeout_s):
                 logger.warning("decision %s timed out on node %s", decision.pk, decision.node)
                 services.decision_time_out(decision=decision)
+            elif replacement is not None:
+                _queue_down_logged(
+                    services.decision_reroute, decision=decision, send=send, node=replacement
+                )
             elif services.decision_resend_due(decision=decision, resend_s=resend_s):
                 _queue_down_logged(services.decision_resend, decision=decision, send=send)
         waiting = [d for d in decisions if d.status == D.PENDING]
         for decision in waiting[: max(0, run.concurrency - len(in_flight))]:
+            # Routed when the tick began; a node gone down since then gets none.
+            decision.node = health.replacement(decision) or decision.node
             _queue_down_logged(services.decision_dispatch, decision=decision, send=send)
         num_answered = sum(1 for d in decisions if d.status in ANSWERED)
         if progress is not None and num_answered > num_answered_seen:

@@ -47,12 +47,12 @@ def decision_compute(self, decision_id: int, send: int = 1) -> bool:
     except SoftTimeLimitExceeded:
         error = f"the decision ran past the task's soft time limit ({SOFT_TIME_LIMIT_S} s)"
         logger.error("decision %s: %s", decision_id, error)
-        decision_fail(decision_id=decision_id, error=error)
+        decision_fail(decision_id=decision_id, error=error, send=send)
         return False
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:
             logger.exception("decision %s failed %s times; giving up", decision_id, MAX_RETRIES + 1)
-            decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}")
+            decision_fail(decision_id=decision_id, error=f"{type(exc).__name__}: {exc}", send=send)
             return False
         logger.warning("decision %s failed (%s); retrying", decision_id, exc)
         raise self.retry(exc=exc, countdown=1) from exc

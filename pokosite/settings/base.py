@@ -202,6 +202,13 @@ INFERENCE_ENGINE = {
     # --prefix-cache-retention-interval); no effect on models without sliding layers.
     "retention_interval": env_retention_interval("POKOMACHI_RETENTION_INTERVAL"),
 }
+# Torch threads per engine (unset: torch's default, every core). `make run` with several nodes on
+# one machine gives each worker its share of the cores.
+if env_str("POKOMACHI_TORCH_THREADS"):
+    INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
+# The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
+if env_str("POKOMACHI_KV_BLOCKS"):
+    INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
@@ -214,6 +221,23 @@ OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 INFERENCE_STREAM_PREFIX = env_str("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
 # Each worker publishes its engine's live stats (running, waiting, KV usage) this often.
 INFERENCE_STATS_INTERVAL_S = env_float("POKOMACHI_STATS_INTERVAL", 2.0)
+# Node health (inference/node_health.py): each node worker sends a heartbeat this often (and
+# soon after each prompt it served); a node none of whose workers was heard for
+# INFERENCE_NODE_DOWN_S is down, and its decisions go to a live node. Heartbeats are kept
+# INFERENCE_HEARTBEAT_KEEP_S (the admin shows a down node's last one), in Redis ("redis") or,
+# for a town and its engine in one process, in memory ("memory").
+INFERENCE_HEARTBEAT_INTERVAL_S = env_float("POKOMACHI_HEARTBEAT_INTERVAL", 2.0)
+INFERENCE_NODE_DOWN_S = env_float("POKOMACHI_NODE_DOWN_S", 10.0)
+INFERENCE_HEARTBEAT_KEEP_S = 3600.0
+INFERENCE_HEARTBEAT_STORE = env_str("POKOMACHI_HEARTBEAT_STORE", "redis")
+# How many prompt prefixes (cache breakpoints) a heartbeat lists: the most recently served.
+INFERENCE_HEARTBEAT_PREFIXES = env_int("POKOMACHI_HEARTBEAT_PREFIXES", 256, low=0, high=100_000)
+# Routing (inference/routing.py): the policy a run gets unless it names its own (cache_aware,
+# round_robin or fixed), and when cache affinity yields to load: the live nodes' loads are
+# imbalanced when max - min > ABS and max > REL x min (SGLang's router's two thresholds).
+INFERENCE_ROUTING_POLICY = env_str("POKOMACHI_ROUTING", "cache_aware")
+INFERENCE_ROUTING_BALANCE_ABS = env_int("POKOMACHI_ROUTING_BALANCE_ABS", 4, low=0, high=100_000)
+INFERENCE_ROUTING_BALANCE_REL = env_float("POKOMACHI_ROUTING_BALANCE_REL", 1.5)
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
 # of our engine when base_url is set; the workers then load no model (inference/remote.py).
 INFERENCE_OPENAI = {

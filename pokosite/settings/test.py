@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pokosite.env import env_str
+from pokosite.env import env_int, env_str
 from pokosite.settings.base import *  # noqa: F403
 from pokosite.settings.base import DATABASES, channel_layers
 
@@ -42,3 +42,8 @@ INFERENCE_ENGINE = {
     "model": env_str("POKOMACHI_MODEL", "smollm2-tiny-random"),
     "device": env_str("POKOMACHI_DEVICE", "cpu"),
 }
+if env_str("POKOMACHI_TORCH_THREADS"):
+    INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
+# The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
+if env_str("POKOMACHI_KV_BLOCKS"):
+    INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)

@@ -94,6 +94,16 @@ def test_plan_for_two_nodes_an_external_redis_and_a_port():
     assert spark_b[spark_b.index("-Q") + 1] == "spark-b"
     assert spark_b[spark_b.index("-n") + 1] == "spark-b@%h"
     assert spark_b[spark_b.index("--concurrency") + 1] == "2"
+    # Two nodes on one machine: each engine gets its share of the cores (at least one thread).
+    share = str(max(1, (os.cpu_count() or 1) // 2))
+    assert [c.env for c in plan.children] == [{"POKOMACHI_TORCH_THREADS": share}] * 2 + [{}]
+
+
+def test_one_node_or_a_given_thread_count_leaves_the_workers_threads_alone():
+    one = launch_plan(env={}, nodes=["local"])
+    assert one.children[0].env == {}
+    given = launch_plan(env={"POKOMACHI_TORCH_THREADS": "3"}, nodes=["spark-a", "spark-b"])
+    assert given.children[0].env == {}  # they read POKOMACHI_TORCH_THREADS=3 from the env
 
 
 @pytest.mark.parametrize(
@@ -102,6 +112,7 @@ def test_plan_for_two_nodes_an_external_redis_and_a_port():
         ({"POKOMACHI_PORT": "http"}, "POKOMACHI_PORT='http': must be a whole number from 1"),
         ({"POKOMACHI_PORT": "70000"}, "POKOMACHI_PORT='70000'"),
         ({"POKOMACHI_WORKER_CONCURRENCY": "0"}, "POKOMACHI_WORKER_CONCURRENCY='0'"),
+        ({"POKOMACHI_TORCH_THREADS": "0"}, "POKOMACHI_TORCH_THREADS='0'"),
     ],
 )
 def test_plan_rejects_bad_values(env, message):

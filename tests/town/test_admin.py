@@ -281,8 +281,10 @@ def test_a_created_run_is_editable_and_offers_start_step_stop(admin_client, db):
     run = services.run_create(town=small_town_factory(), nodes=["local"])
     page = admin_client.get(f"/admin/town/run/{run.pk}/change/").content.decode()
     assert 'name="layout"' in page and 'name="_save"' in page
+    assert 'name="routing"' in page and 'id="pk-run-nodes"' in page  # its nodes, up or down
     assert _control_forms(page) == ["start", "step", "stop"]
     form = {"town": run.town_id, "layout": "naive", "model": run.model, "nodes": '["local"]'}
+    form |= {"routing": "round_robin"}
     form |= {"concurrency": 2, "seed": 0, "diary_chars": 0, "temperature": 0.0, "max_tokens": 99}
     form |= {"start_minutes": 420, "minutes_per_tick": 60, "decision_timeout_s": 60.0}
     form |= {"quality": "{}"}
@@ -290,6 +292,7 @@ def test_a_created_run_is_editable_and_offers_start_step_stop(admin_client, db):
     assert response.status_code == 302, response.content.decode()
     run.refresh_from_db()
     assert (run.layout, run.concurrency, run.max_tokens) == ("naive", 2, 99)
+    assert run.routing == "round_robin"
 
 
 def test_a_started_run_is_read_only_and_its_buttons_call_the_services(admin_client, db):

@@ -160,12 +160,19 @@ def test_runs_are_created_and_controlled_with_409_in_the_wrong_state(api, db):
     town = small_town_factory()
     response = api.post(
         "/api/runs/",
-        {"town": town.pk, "layout": "naive", "ticks_target": 3, "nodes": ["local"]},
+        {
+            "town": town.pk,
+            "layout": "naive",
+            "ticks_target": 3,
+            "nodes": ["local"],
+            "routing": "round_robin",
+        },
         format="json",
     )
     assert response.status_code == 201, response.json()
     run = response.json()
     assert run["status"] == "created" and run["layout"] == "naive" and run["ticks_target"] == 3
+    assert run["routing"] == "round_robin"
     assert response["Location"] == run["url"]
     base = f"/api/runs/{run['id']}"
     assert api.post(f"{base}/start/").json()["status"] == "running"
@@ -192,6 +199,7 @@ def test_runs_are_created_and_controlled_with_409_in_the_wrong_state(api, db):
         ({"town": 999999}, "town", "does not exist"),
         ({"town": "TOWN", "layout": "naive"}, "town", "Incorrect type"),
         ({"layout": "fancy"}, "layout", "not a valid choice"),
+        ({"routing": "random"}, "routing", "not a valid choice"),
         ({"concurrency": 0}, "concurrency", "greater than or equal to 1"),
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"nodes": ["spark-z"]}, "detail", "unknown inference node 'spark-z'"),

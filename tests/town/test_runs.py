@@ -54,6 +54,7 @@ def test_run_create_starts_everyone_at_home():
     ("fields", "message"),
     [
         ({"layout": "fancy"}, "unknown layout 'fancy'"),
+        ({"routing": "random"}, "unknown routing 'random'; use one of cache_aware, round_robin"),
         ({"concurrency": 0}, "concurrency must be at least 1"),
         ({"nodes": ["nowhere"]}, "unknown inference node 'nowhere'"),
         ({"model": "gpt-9"}, "set POKOMACHI_MODEL=gpt-9"),
@@ -78,6 +79,7 @@ def test_run_create_refuses_bad_input(fields, message):
     "fields",
     [
         {"layout": "fancy"},
+        {"routing": "random"},
         {"concurrency": 0},
         {"ticks_target": 0},
         {"minutes_per_tick": 0},
@@ -96,6 +98,13 @@ def test_the_database_refuses_a_bad_run_whatever_writes_it(fields):
         Run.objects.create(town=run.town, model=run.model, nodes=["local"], **fields)
     run.refresh_from_db()
     assert run.concurrency == 4 and Run.objects.count() == 1
+
+
+def test_a_run_gets_the_deployments_routing_unless_it_names_its_own(settings):
+    settings.INFERENCE_ROUTING_POLICY = "round_robin"
+    town = small_town_factory()
+    assert run_factory(town=town).routing == "round_robin"
+    assert run_factory(town=town, routing="fixed").routing == "fixed"
 
 
 def test_run_controls_follow_the_state_machine():

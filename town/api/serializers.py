@@ -143,6 +143,7 @@ class RunSerializer(serializers.HyperlinkedModelSerializer):
             "layout",
             "model",
             "nodes",
+            "routing",
             "concurrency",
             "retention_interval",
             "seed",
@@ -182,6 +183,12 @@ class RunCreateSerializer(serializers.Serializer):
         required=False,
         max_length=64,
         help_text="Default: every node.",
+    )
+    routing = serializers.ChoiceField(
+        choices=Run.Routing.values,
+        required=False,
+        help_text="How decisions are spread over the nodes: cache_aware (longest cached prefix "
+        "unless much busier), round_robin or fixed. Default: the deployment's (POKOMACHI_ROUTING).",
     )
     concurrency = DatabaseIntegerField(min_value=1, max_value=MAX_CONCURRENCY, default=4)
     seed = DatabaseIntegerField(default=0)

@@ -1,7 +1,7 @@
 """The town's business logic, as keyword-only services (HackSoft style).
 
 runs: create and control runs; ticks: begin and finish a tick; decisions: dispatch, resend,
-compute, time out and apply one resident's decision; choices: read what a decision chose.
+compute, time out, reroute and apply one resident's decision; choices: read what a decision chose.
 """
 
 from town.services.choices import decision_choice, decision_parse
@@ -10,6 +10,7 @@ from town.services.decisions import (
     decision_compute,
     decision_dispatch,
     decision_fail,
+    decision_reroute,
     decision_resend,
     decision_resend_due,
     decision_time_out,
@@ -37,6 +38,7 @@ __all__ = [
     "decision_dispatch",
     "decision_fail",
     "decision_parse",
+    "decision_reroute",
     "decision_resend",
     "decision_resend_due",
     "decision_time_out",

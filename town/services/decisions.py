@@ -12,7 +12,9 @@ again (`decision_resend`, send 2, 3, ...). Each delivery says which send it is; 
 that began the running attempt may begin it again, so two copies never compute at once, and an
 answer that comes after another one is dropped. A broker also hands out a message again while
 its worker is still computing it (past the visibility timeout, or one the worker had prefetched):
-a process never begins a decision it is computing already.
+a process never begins a decision it is computing already. A decision whose node went down (no
+heartbeat: inference/node_health.py) is sent to a live node instead (`decision_reroute`); the
+unique (tick, resident) row and the send that holds the running attempt keep it to one answer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from inference.cache_salt import run_cache_salt
@@ -63,7 +65,7 @@ def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
             decision.status = D.QUEUED
             decision.dispatched_at = timezone.now()
             decision.num_sends = 1
-            decision.save(update_fields=["status", "dispatched_at", "num_sends"])
+            decision.save(update_fields=["status", "dispatched_at", "num_sends", "node"])
             # Registered before the event's broadcast, so the view never delays the decision.
             _send_on_commit(decision, send)
             events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
@@ -99,6 +101,34 @@ def decision_resend(*, decision: Decision, send: DecisionSend) -> bool:
         "decision %s: no worker began it on node %s; sent again (send %s)",
         decision.pk,
         decision.node,
+        decision.num_sends,
+    )
+    return True
+
+
+def decision_reroute(*, decision: Decision, node: str, send: DecisionSend) -> bool:
+    """Send an in-flight decision whose node is down to `node`, a live one (send n+1); False if
+    it was answered, resent or rerouted meanwhile.
+
+    It is queued again with no running send, so the new send may begin it even if a worker of
+    the dead node had begun it. Should that worker still be alive after all (only silent), its
+    answer is dropped (only the send that began the running attempt may answer), and a copy it
+    begins first makes the new send's delivery drop out: one attempt at a time, one answer."""
+    old_node = decision.node
+    with transaction.atomic():
+        updated = Decision.objects.filter(
+            pk=decision.pk, status__in=IN_FLIGHT, num_sends=decision.num_sends, node=old_node
+        ).update(node=node, status=D.QUEUED, started_send=None, num_sends=F("num_sends") + 1)
+        if not updated:
+            return False
+        decision.node, decision.status, decision.started_send = node, D.QUEUED, None
+        decision.num_sends += 1
+        _send_on_commit(decision, send)
+    logger.warning(
+        "decision %s: node %s is down; sent to node %s (send %s)",
+        decision.pk,
+        old_node,
+        node,
         decision.num_sends,
     )
     return True
@@ -173,11 +203,16 @@ def _metric_fields(completion: Completion) -> dict[str, Any]:
     }
 
 
-def _decision_answer(*, decision: Decision, status: str, **fields: Any) -> bool:
-    """Store the answer if nobody answered first (a twin delivery, the tick's timeout)."""
+def _decision_answer(
+    *, decision: Decision, status: str, send: int | None = None, **fields: Any
+) -> bool:
+    """Store the answer if nobody answered first (a twin delivery, the tick's timeout). With
+    `send` (a worker's answer), only if that send holds the running attempt or none does: a
+    decision rerouted away from a node that fell silent is not answered from there."""
     now = timezone.now()
     app_e2e_s = (now - decision.dispatched_at).total_seconds() if decision.dispatched_at else None
-    stored = Decision.objects.filter(pk=decision.pk, status__in=COMPUTABLE).update(
+    still_ours = Q() if send is None else Q(started_send=send) | Q(started_send__isnull=True)
+    stored = Decision.objects.filter(still_ours, pk=decision.pk, status__in=COMPUTABLE).update(
         status=status, computed_at=now, app_e2e_s=app_e2e_s, **fields
     )
     if not stored:
@@ -244,10 +279,14 @@ def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bo
         )
         completion = completion_generate(request=request, timeout_s=_decision_time_left(decision))
     except CompletionInputError as exc:
-        return _decision_answer(decision=decision, status=D.FAILED, error=f"engine refused: {exc}")
+        return _decision_answer(
+            decision=decision, status=D.FAILED, send=send, error=f"engine refused: {exc}"
+        )
     except CompletionTimeoutError as exc:
-        return _decision_answer(decision=decision, status=D.TIMED_OUT, error=str(exc))
-    return _decision_answer(decision=decision, status=D.COMPUTED, **_metric_fields(completion))
+        return _decision_answer(decision=decision, status=D.TIMED_OUT, send=send, error=str(exc))
+    return _decision_answer(
+        decision=decision, status=D.COMPUTED, send=send, **_metric_fields(completion)
+    )
 
 
 def _decision_time_left(decision: Decision) -> float:
@@ -259,12 +298,13 @@ def _decision_time_left(decision: Decision) -> float:
     return max(timeout_s, 1.0)
 
 
-def decision_fail(*, decision_id: int, error: str) -> bool:
-    """Give up on a decision (its task kept failing); the resident will stay put."""
+def decision_fail(*, decision_id: int, error: str, send: int | None = None) -> bool:
+    """Give up on a decision (its task kept failing); the resident will stay put. With `send`,
+    only if that send still holds the running attempt (see _decision_answer)."""
     decision = Decision.objects.filter(pk=decision_id).first()
     if decision is None:
         return False
-    return _decision_answer(decision=decision, status=D.FAILED, error=error)
+    return _decision_answer(decision=decision, status=D.FAILED, send=send, error=error)
 
 
 def decision_time_out(*, decision: Decision) -> bool:

@@ -55,11 +55,13 @@ def run_create(
     model: str | None = None,
     num_residents: int | None = None,
     diary_chars: int = 0,
+    routing: str | None = None,
 ) -> Run:
     """A new run of `town`, every resident at home with their starting state.
 
     `num_residents` takes only the town's first N residents (by id) into the run; `diary_chars`
-    gives every prompt that many characters of each resident's older diary."""
+    gives every prompt that many characters of each resident's older diary. `routing`: how its
+    decisions are spread over its nodes (default: settings.INFERENCE_ROUTING_POLICY)."""
     if decision_timeout_s is None:
         decision_timeout_s = default_decision_timeout_s()
     run = Run(
@@ -72,6 +74,7 @@ def run_create(
         temperature=temperature,
         minutes_per_tick=minutes_per_tick,
         decision_timeout_s=decision_timeout_s,
+        routing=routing or settings.INFERENCE_ROUTING_POLICY,
     )
     _run_fields_check(run)
     run.nodes = _nodes_served(nodes)

@@ -1,6 +1,6 @@
 """Tick services: begin a tick (one prompt and Decision per resident, from one snapshot of the
-town) and finish it (apply every answer in resident order, those that stay before those that
-go, let time pass, store, count).
+town, each routed to a node: services/routes.py) and finish it (apply every answer in resident
+order, those that stay before those that go, let time pass, store, count).
 
 Finishing is one transaction, so a tick is either wholly applied or not at all: a tick loop
 that dies mid-tick leaves the tick open, and the next one picks it up where it was.
@@ -19,6 +19,7 @@ from town.rules.world import World
 from town.selectors import tick_decisions, tick_open, world_load
 from town.services.choices import decision_parse
 from town.services.decisions import decision_apply
+from town.services.routes import decisions_route
 
 S = Run.Status
 
@@ -39,14 +40,13 @@ def tick_begin(*, run: Run) -> Tick:
         phase=world.clock.phase,
     )
     decisions = []
-    for position, resident in enumerate(world.residents):
+    for resident in world.residents:
         prompt = prompt_build(world=world, resident=resident, layout=run.layout)
         decisions.append(
             Decision(
                 run=run,
                 tick=tick,
                 resident_id=resident.id,
-                node=run.nodes[position % len(run.nodes)],
                 messages=prompt.messages,
                 prompt_hash=prompt.prompt_hash,
                 head_hash=prompt.head_hash,
@@ -54,6 +54,7 @@ def tick_begin(*, run: Run) -> Tick:
                 resident_state=resident.snapshot(),
             )
         )
+    decisions_route(run=run, decisions=decisions)  # each decision's node, by the run's routing
     Decision.objects.bulk_create(decisions)
     return tick
 

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from town import services
 from town.demo import DEMO_TOWN_NAME
 from town.errors import TownError
-from town.models import Town
+from town.models import Run, Town
 from town.rules.prompts import LAYOUTS
 
 
@@ -15,6 +15,12 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--town", default=DEMO_TOWN_NAME, help="the town's name")
     parser.add_argument("--layout", choices=LAYOUTS, default="shared_head")
     parser.add_argument("--nodes", default="", help="comma-separated nodes (default: all)")
+    parser.add_argument(
+        "--routing",
+        choices=Run.Routing.values,
+        default=None,
+        help="how decisions are spread over the nodes (default: POKOMACHI_ROUTING, cache_aware)",
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="decisions in flight")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -38,6 +44,7 @@ def run_create_from_options(*, ticks_target: int | None, **options):
             town=town,
             layout=options["layout"],
             nodes=nodes,
+            routing=options.get("routing"),
             concurrency=options["concurrency"],
             seed=options["seed"],
             ticks_target=ticks_target,
@@ -62,4 +69,6 @@ class Command(BaseCommand):
         run = run_create_from_options(ticks_target=ticks, **options)
         if start:
             run = services.run_start(run=run)
-        self.stdout.write(f"run {run.pk}: {run.layout} on {run.nodes}, {run.status}")
+        self.stdout.write(
+            f"run {run.pk}: {run.layout} on {run.nodes} ({run.routing}), {run.status}"
+        )
