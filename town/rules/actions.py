@@ -123,6 +123,9 @@ def _narrowed_to_need(
         for action, targets in options.items()
     }
     answers = {action: targets for action, targets in answers.items() if targets}
+    if any(action != "go" for action in answers):
+        # Food or rest right here: walking on to another place that has it is a tick lost.
+        answers.pop("go", None)
     return answers or options
 
 

@@ -15,7 +15,7 @@ HUNGRY, STARVING = 70, 90
 TIRED, EXHAUSTED = 25, 10
 # From here on the menu holds only what answers the need (when anything does): before the
 # resident is starving or exhausted, so that one tick's walk to food or home comes in time.
-MUST_EAT, MUST_REST = 80, 15
+MUST_EAT, MUST_REST = 75, 20
 FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
 
 
