@@ -164,9 +164,7 @@ class Run(models.Model):
         help_text="Characters of older diary per resident in each prompt (the experiment scales "
         "prompts to the talk's proportions with it); 0: none.",
     )
-    temperature = models.FloatField(
-        default=DEFAULT_TEMPERATURE, validators=[_validate_temperature]
-    )
+    temperature = models.FloatField(default=DEFAULT_TEMPERATURE, validators=[_validate_temperature])
     max_tokens = models.PositiveIntegerField(default=160)
     start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")
     minutes_per_tick = models.PositiveIntegerField(
