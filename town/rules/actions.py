@@ -14,6 +14,7 @@ earlier in the tick change the town (a place fills up, a friend walks away).
 
 from __future__ import annotations
 
+from town.rules.clock import Clock
 from town.rules.needs import FULL, cheapest_food, critical_need, is_food, pressing_need
 from town.rules.world import HOME_MEAL, PlaceView, ResidentView, World
 
@@ -115,7 +116,9 @@ def _narrowed_to_need(
 ) -> dict[str, list[str]]:
     """A starving or exhausted resident is offered only what answers that need, when anything
     does; the model still chooses among those."""
-    need = critical_need(resident.hunger, resident.energy)
+    need = critical_need(
+        resident.hunger, resident.energy, at_home=resident.place_id == resident.home_id
+    )
     if not need:
         return options
     answers = {
@@ -141,9 +144,18 @@ def answers_need(world: World, resident: ResidentView, need: str, action: str, t
         return is_food(world.place(resident.place_id), target)
     if action == "go":
         place = world.place_named(target)
-        price = cheapest_food(place, is_home=place.id == resident.home_id)
-        return price is not None and price <= resident.money
+        is_home = place.id == resident.home_id
+        price = cheapest_food(place, is_home=is_home)
+        # A walk to food is an answer when the food can be bought there: buying is the next
+        # turn, so the place must still be open then (a café that closes meanwhile is not).
+        return (
+            price is not None and price <= resident.money and (is_home or _open_next(world, place))
+        )
     return False
+
+
+def _open_next(world: World, place: PlaceView) -> bool:
+    return place.is_open(Clock(world.clock.minutes + world.minutes_per_tick))
 
 
 def action_problem(world: World, resident: ResidentView, action: str, target: str) -> str | None:
@@ -167,7 +179,9 @@ def action_problem(world: World, resident: ResidentView, action: str, target: st
         return _why_not(world, resident, action, target, here.name)
     if target in action_options(world, resident).get(action, []):
         return None
-    need = critical_need(resident.hunger, resident.energy)
+    need = critical_need(
+        resident.hunger, resident.energy, at_home=resident.place_id == resident.home_id
+    )
     if need:
         state, what = ("starving", "food") if need == "hunger" else ("exhausted", "rest")
         return f"{resident.name} is {state}: only {what} is offered now"
