@@ -207,6 +207,26 @@ def test_a_resident_who_must_eat_and_finds_food_here_is_not_sent_on(world):
     assert action_options(world, aki) == {"rest": ["Home"]}
 
 
+def test_a_tired_resident_away_from_home_is_sent_home_before_exhausted(world):
+    chie = world.resident(3)  # at the café: the walk home and a turn awake cost ~9 energy
+    chie.energy = 24
+    assert action_options(world, chie) == {"go": ["Home"]}
+    chie.energy = 30  # a little tired: the whole menu
+    assert "talk" in action_options(world, chie)
+    aki = world.resident(1)  # at home, as tired: rest is right here, nothing is narrowed yet
+    aki.energy = 24
+    assert "talk" in action_options(world, aki)
+
+
+def test_a_walk_to_food_that_closes_before_the_next_turn_does_not_answer_hunger(world):
+    aki = world.resident(1)
+    aki.hunger, aki.money = 80, 200  # too little for a meal at home; the bakery's 180 is fine
+    assert action_options(world, aki) == {"go": ["Bakery"]}
+    world.clock = Clock(17 * 60 + 30)  # the bakery closes at 18:00, before her next turn
+    options = action_options(world, aki)
+    assert "Bakery" in options["go"] and "talk" in options  # nothing answers: the whole menu
+
+
 def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world):
     aki = world.resident(1)  # at home, hunger 50, energy 50
     aki.recent_choices = [("talk", "Ben"), ("talk", "Ben")]
