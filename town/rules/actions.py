@@ -1,7 +1,9 @@
 """The town's rules: which actions a resident may take now, and what is wrong with one it may not.
 
 A resident who must eat or rest now is offered only the actions that answer that need (when any
-does: town/rules/needs.py); a pressing need's answers are listed first; a full resident is not
+does: town/rules/needs.py), and only those right here when there are any (a walk elsewhere costs
+a turn); a walk to food answers hunger only if the place is still open at the next turn, when
+the food can be bought; a pressing need's answers are listed first; a full resident is not
 offered food; and an action taken REPEAT_TICKS ticks in a row without cause (not work, not
 rest while below RESTED energy, not answering a pressing need) is left out the next time:
 walking on from place to place every turn is a loop too.
