@@ -106,6 +106,13 @@ class RunRouting(models.TextChoices):
     FIXED = "fixed"
 
 
+# A run samples at this temperature unless told otherwise. Greedy decoding (0) at 135M turns a
+# town into four actions on repeat; sampling gives the residents variety and still reproduces:
+# every decision has its own seed (run seed, tick, resident: services/decisions.py).
+# docs/TOWN.md has the measurements; the experiment keeps 0 (its steps compare greedy outputs).
+DEFAULT_TEMPERATURE = 0.7
+
+
 def _validate_temperature(value: float) -> None:
     if not 0 <= value <= 2:  # NaN too
         raise ValidationError(
@@ -176,7 +183,7 @@ class Run(models.Model):
         help_text="Characters of older diary per resident in each prompt (the experiment scales "
         "prompts to the talk's proportions with it); 0: none.",
     )
-    temperature = models.FloatField(default=0.0, validators=[_validate_temperature])
+    temperature = models.FloatField(default=DEFAULT_TEMPERATURE, validators=[_validate_temperature])
     max_tokens = models.PositiveIntegerField(default=160)
     start_minutes = models.PositiveIntegerField(default=7 * 60, help_text="Day 1, 07:00.")
     minutes_per_tick = models.PositiveIntegerField(

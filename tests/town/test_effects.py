@@ -181,8 +181,8 @@ def test_a_resident_at_home_can_eat_a_meal_they_can_afford(world):
 
 def test_a_starving_or_exhausted_resident_is_offered_only_what_answers_the_need(world):
     aki = world.resident(1)
-    aki.hunger = 95
-    assert action_options(world, aki) == {"go": ["Bakery"], "eat": ["Home"]}
+    aki.hunger = 95  # at home, where a meal answers it: no walk to the bakery
+    assert action_options(world, aki) == {"eat": ["Home"]}
     assert action_problem(world, aki, "talk", "Ben") == "Aki is starving: only food is offered now"
     aki.hunger, aki.energy = 50, 5
     assert action_options(world, aki) == {"rest": ["Home"]}
@@ -191,8 +191,40 @@ def test_a_starving_or_exhausted_resident_is_offered_only_what_answers_the_need(
     assert action_options(world, chie) == {"go": ["Home", "Bakery"]}
     chie.hunger, chie.money = 95, 100  # can afford nothing: nothing answers, all is offered
     assert "stay" in action_options(world, chie)
-    aki.energy = 20  # tired, not exhausted: the whole menu
+    aki.energy = 22  # tired, not exhausted: the whole menu
     assert "talk" in action_options(world, aki)
+    aki.energy, aki.money = 50, 200  # very hungry, too little for a meal at home: walk to food
+    aki.hunger = 76
+    assert action_options(world, aki) == {"go": ["Bakery"]}
+
+
+def test_a_resident_who_must_eat_and_finds_food_here_is_not_sent_on(world):
+    aki = world.resident(1)
+    aki.place_id, aki.hunger = BAKERY, 80
+    assert action_options(world, aki) == {"buy": ["melon pan"]}
+    assert "only food" in action_problem(world, aki, "go", "Home")
+    aki.place_id, aki.hunger, aki.energy = HOME, 40, 18  # must rest, at home: rest here
+    assert action_options(world, aki) == {"rest": ["Home"]}
+
+
+def test_a_tired_resident_away_from_home_is_sent_home_before_exhausted(world):
+    chie = world.resident(3)  # at the café: the walk home and a turn awake cost ~9 energy
+    chie.energy = 24
+    assert action_options(world, chie) == {"go": ["Home"]}
+    chie.energy = 30  # a little tired: the whole menu
+    assert "talk" in action_options(world, chie)
+    aki = world.resident(1)  # at home, as tired: rest is right here, nothing is narrowed yet
+    aki.energy = 24
+    assert "talk" in action_options(world, aki)
+
+
+def test_a_walk_to_food_that_closes_before_the_next_turn_does_not_answer_hunger(world):
+    aki = world.resident(1)
+    aki.hunger, aki.money = 80, 200  # too little for a meal at home; the bakery's 180 is fine
+    assert action_options(world, aki) == {"go": ["Bakery"]}
+    world.clock = Clock(17 * 60 + 30)  # the bakery closes at 18:00, before her next turn
+    options = action_options(world, aki)
+    assert "Bakery" in options["go"] and "talk" in options  # nothing answers: the whole menu
 
 
 def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world):
@@ -205,7 +237,7 @@ def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world)
     assert "buy" not in action_options(world, chie)
     chie.recent_choices = [("go", "Cafe"), ("go", "Bar")]  # walking on and on is one too
     assert "go" not in action_options(world, chie)
-    chie.hunger = 75  # ... unless it takes her to food
+    chie.hunger = 72  # ... unless it takes her to food
     assert action_options(world, chie)["go"] == ["Home", "Bakery"]  # both feed her
     aki.recent_choices = [("talk", "Ben"), ("stay", "Home")]  # not the same twice
     assert action_options(world, aki)["talk"] == ["Ben"]
@@ -214,15 +246,15 @@ def test_a_choice_made_twice_in_a_row_without_cause_is_left_out_next_time(world)
     aki.energy = 90  # ... until rested
     assert "rest" not in action_options(world, aki)
     aki.energy = 50
-    aki.recent_choices, aki.hunger = [("eat", "Home"), ("eat", "Home")], 75  # still hungry
+    aki.recent_choices, aki.hunger = [("eat", "Home"), ("eat", "Home")], 72  # still hungry
     assert action_options(world, aki)["eat"] == ["Home"]
 
 
 def test_a_pressing_needs_answers_are_listed_first(world):
     aki = world.resident(1)
-    aki.hunger = 75  # hungry, not starving: the whole menu, food first
+    aki.hunger = 72  # hungry, not starving: the whole menu, food first
     options = action_options(world, aki)
     assert list(options)[:2] == ["go", "eat"] and options["go"] == ["Bakery"]
     assert "talk" in options
-    aki.hunger, aki.energy = 30, 20  # tired
+    aki.hunger, aki.energy = 30, 22  # tired
     assert next(iter(action_options(world, aki))) == "rest"

@@ -11,6 +11,7 @@ from rest_framework import serializers
 from town.api.fields import DatabaseIntegerField, FiniteFloatField, IdField
 from town.models import (
     DECISION_METRIC_FIELDS,
+    DEFAULT_TEMPERATURE,
     Decision,
     Place,
     Resident,
@@ -198,7 +199,7 @@ class RunCreateSerializer(serializers.Serializer):
     retention_interval = DatabaseIntegerField(
         min_value=1, max_value=MAX_RETENTION_INTERVAL, required=False, allow_null=True
     )
-    temperature = FiniteFloatField(min_value=0.0, max_value=2.0, default=0.0)
+    temperature = FiniteFloatField(min_value=0.0, max_value=2.0, default=DEFAULT_TEMPERATURE)
     minutes_per_tick = DatabaseIntegerField(min_value=1, max_value=MINUTES_PER_DAY, default=120)
     decision_timeout_s = FiniteFloatField(
         min_value=0.001, max_value=MAX_DECISION_TIMEOUT_S, required=False

@@ -1,7 +1,9 @@
 """The town's rules: which actions a resident may take now, and what is wrong with one it may not.
 
 A resident who must eat or rest now is offered only the actions that answer that need (when any
-does: town/rules/needs.py); a pressing need's answers are listed first; a full resident is not
+does: town/rules/needs.py), and only those right here when there are any (a walk elsewhere costs
+a turn); a walk to food answers hunger only if the place is still open at the next turn, when
+the food can be bought; a pressing need's answers are listed first; a full resident is not
 offered food; and an action taken REPEAT_TICKS ticks in a row without cause (not work, not
 rest while below RESTED energy, not answering a pressing need) is left out the next time:
 walking on from place to place every turn is a loop too.
@@ -14,6 +16,7 @@ earlier in the tick change the town (a place fills up, a friend walks away).
 
 from __future__ import annotations
 
+from town.rules.clock import Clock
 from town.rules.needs import FULL, cheapest_food, critical_need, is_food, pressing_need
 from town.rules.world import HOME_MEAL, PlaceView, ResidentView, World
 
@@ -115,7 +118,9 @@ def _narrowed_to_need(
 ) -> dict[str, list[str]]:
     """A starving or exhausted resident is offered only what answers that need, when anything
     does; the model still chooses among those."""
-    need = critical_need(resident.hunger, resident.energy)
+    need = critical_need(
+        resident.hunger, resident.energy, at_home=resident.place_id == resident.home_id
+    )
     if not need:
         return options
     answers = {
@@ -123,6 +128,9 @@ def _narrowed_to_need(
         for action, targets in options.items()
     }
     answers = {action: targets for action, targets in answers.items() if targets}
+    if any(action != "go" for action in answers):
+        # Food or rest right here: walking on to another place that has it is a tick lost.
+        answers.pop("go", None)
     return answers or options
 
 
@@ -138,9 +146,18 @@ def answers_need(world: World, resident: ResidentView, need: str, action: str, t
         return is_food(world.place(resident.place_id), target)
     if action == "go":
         place = world.place_named(target)
-        price = cheapest_food(place, is_home=place.id == resident.home_id)
-        return price is not None and price <= resident.money
+        is_home = place.id == resident.home_id
+        price = cheapest_food(place, is_home=is_home)
+        # A walk to food is an answer when the food can be bought there: buying is the next
+        # turn, so the place must still be open then (a café that closes meanwhile is not).
+        return (
+            price is not None and price <= resident.money and (is_home or _open_next(world, place))
+        )
     return False
+
+
+def _open_next(world: World, place: PlaceView) -> bool:
+    return place.is_open(Clock(world.clock.minutes + world.minutes_per_tick))
 
 
 def action_problem(world: World, resident: ResidentView, action: str, target: str) -> str | None:
@@ -164,7 +181,9 @@ def action_problem(world: World, resident: ResidentView, action: str, target: st
         return _why_not(world, resident, action, target, here.name)
     if target in action_options(world, resident).get(action, []):
         return None
-    need = critical_need(resident.hunger, resident.energy)
+    need = critical_need(
+        resident.hunger, resident.energy, at_home=resident.place_id == resident.home_id
+    )
     if need:
         state, what = ("starving", "food") if need == "hunger" else ("exhausted", "rest")
         return f"{resident.name} is {state}: only {what} is offered now"

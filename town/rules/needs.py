@@ -15,7 +15,10 @@ HUNGRY, STARVING = 70, 90
 TIRED, EXHAUSTED = 25, 10
 # From here on the menu holds only what answers the need (when anything does): before the
 # resident is starving or exhausted, so that one tick's walk to food or home comes in time.
-MUST_EAT, MUST_REST = 80, 15
+MUST_EAT, MUST_REST = 75, 20
+# Away from home, rest is a walk and a turn away: a tired resident out must head home now, or
+# arrives exhausted (a walk and two hours awake cost about 9 energy).
+MUST_REST_AWAY = TIRED
 FOOD_MIN_HUNGER = 15  # an item that lowers hunger by at least this much is food
 
 
@@ -29,21 +32,26 @@ def pressing_need(hunger: int, energy: int) -> str:
     return "hunger" if hungry >= tired else "energy"
 
 
-def critical_need(hunger: int, energy: int) -> str:
-    """The pressing need when it must be met now (MUST_EAT, MUST_REST), else ''."""
-    need = pressing_need(hunger, energy)
-    if (need == "hunger" and hunger >= MUST_EAT) or (need == "energy" and energy <= MUST_REST):
-        return need
-    return ""
+def critical_need(hunger: int, energy: int, *, at_home: bool = True) -> str:
+    """The need that must be met now (MUST_EAT; MUST_REST at home, MUST_REST_AWAY elsewhere),
+    else ''; when both must, the pressing one."""
+    hungry = hunger >= MUST_EAT
+    tired = energy <= (MUST_REST if at_home else MUST_REST_AWAY)
+    if hungry and tired:
+        return pressing_need(hunger, energy) or "hunger"
+    return "hunger" if hungry else "energy" if tired else ""
 
 
+# A need in one or two words, not a phrase: "hungry: should eat soon" came back as the reason
+# ("I am hungry and should eat soon"); what to do about it is the menu's job (narrowed, and the
+# need's answers listed first) and rule 6's.
 def hunger_words(hunger: int) -> str:
     if hunger >= STARVING:
-        return "starving: must eat now"
+        return "starving"
     if hunger >= MUST_EAT:
-        return "very hungry: must eat now"
+        return "very hungry"
     if hunger >= HUNGRY:
-        return "hungry: should eat soon"
+        return "hungry"
     if hunger >= FULL:
         return "a little hungry"
     return "full"
@@ -51,11 +59,11 @@ def hunger_words(hunger: int) -> str:
 
 def energy_words(energy: int) -> str:
     if energy <= EXHAUSTED:
-        return "exhausted: must rest at home now"
+        return "exhausted"
     if energy <= MUST_REST:
-        return "very tired: must rest at home now"
+        return "very tired"
     if energy <= TIRED:
-        return "tired: should go home and rest"
+        return "tired"
     if energy <= 50:
         return "a little tired"
     return "rested"

@@ -77,7 +77,7 @@ How residents of another town decided (each answer is the resident's own short t
 - Taro at home at 23:00, tired; offered: rest (energy +30), eat, talk.
   {"action": "rest", "target": "Hill House", "reason": "I can barely keep my eyes open."}
 - Emi at the cafe, rested and full, a friend here; offered: talk Ken, go, stay.
-  {"action": "talk", "target": "Ken", "reason": "I want to hear about his trip to Osaka."}"""
+  {"action": "talk", "target": "Ken", "reason": "I missed Ken while he was away in Osaka."}"""
 
 _FORMAT = (
     "Answer with one JSON object and nothing else, with exactly these keys in this order:\n"

@@ -243,6 +243,7 @@ def experiment_run(
                 retention_interval=interval,
                 num_residents=num_residents,
                 diary_chars=scaling.diary_chars,
+                temperature=0.0,  # greedy: the steps' outputs are compared with each other
             )
             say(
                 f"step {step.number}: {step.change} — run {run.pk}, layout {step.layout}, "

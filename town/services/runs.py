@@ -16,7 +16,7 @@ from inference.nodes import node_names, node_require
 from inference.services import completion_model
 from town import events
 from town.errors import RunStateError, TownError
-from town.models import Resident, ResidentState, Run, Town
+from town.models import DEFAULT_TEMPERATURE, Resident, ResidentState, Run, Town
 
 S = Run.Status
 
@@ -49,7 +49,7 @@ def run_create(
     seed: int = 0,
     ticks_target: int | None = None,
     retention_interval: int | None = None,
-    temperature: float = 0.0,
+    temperature: float = DEFAULT_TEMPERATURE,
     minutes_per_tick: int = 120,
     decision_timeout_s: float | None = None,
     model: str | None = None,

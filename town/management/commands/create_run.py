@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from town import services
 from town.demo import DEMO_TOWN_NAME
 from town.errors import TownError
-from town.models import Run, Town
+from town.models import DEFAULT_TEMPERATURE, Run, Town
 from town.rules.prompts import LAYOUTS
 
 
@@ -23,7 +23,13 @@ def add_run_arguments(parser) -> None:
     )
     parser.add_argument("--concurrency", type=int, default=4, help="decisions in flight")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"sampling temperature, 0 for greedy (default {DEFAULT_TEMPERATURE}; each decision "
+        "has its own seed from --seed, so a run reproduces)",
+    )
     parser.add_argument("--minutes-per-tick", type=int, default=120)
     parser.add_argument(
         "--decision-timeout",
