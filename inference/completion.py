@@ -100,6 +100,7 @@ class CompletionMetrics:
     num_forced_tokens: int | None = None
     num_cold_tokens: int | None = None
     reuse_source: str | None = None
+    num_replayed_tokens: int | None = None  # DeepSeek-V4's bounded replay (approximate)
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -123,6 +124,7 @@ class CompletionMetrics:
             num_forced_tokens=metrics.num_forced_tokens,
             num_cold_tokens=metrics.num_cold_tokens,
             reuse_source=metrics.reuse_source,
+            num_replayed_tokens=metrics.num_replayed_tokens,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -146,6 +148,7 @@ class CompletionMetrics:
         optional = {
             "num_cold_tokens": self.num_cold_tokens,
             "reuse_source": self.reuse_source,
+            "num_replayed_tokens": self.num_replayed_tokens,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -174,6 +177,7 @@ class CompletionMetrics:
             num_forced_tokens=data.get("num_forced_tokens"),
             num_cold_tokens=data.get("num_cold_tokens"),
             reuse_source=data.get("reuse_source"),
+            num_replayed_tokens=data.get("num_replayed_tokens"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),
