@@ -5,8 +5,6 @@ The policies on crafted heartbeats: tests/inference/test_routing.py."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -16,11 +14,11 @@ from inference.completion import CompletionRequest
 from inference.node_health import node_states
 from inference.task_queue import task_send
 from inference.tasks import chat_completion
+from tests.town.worker_ticks import tick as run_tick
+from tests.town.worker_ticks import tick_in_background, wait_for
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Run, Tick
-from town.simulation import tick_run
-from town.tasks import decision_send
 
 D = Decision.Status
 NODE_ENV = {"POKOMACHI_HEARTBEAT_INTERVAL": "0.5", "POKOMACHI_TORCH_THREADS": "1"}
@@ -31,15 +29,8 @@ def two_nodes(celery_worker_process, settings):
     settings.INFERENCE_NODE_DOWN_S = 5.0  # heartbeats every 0.5 s, on a busy machine
     a = celery_worker_process(env=NODE_ENV)
     b = celery_worker_process(env=NODE_ENV)
-    _wait_for(lambda: all(s.is_up for s in node_states([a.queue, b.queue])), "nodes not up")
+    wait_for(lambda: all(s.is_up for s in node_states([a.queue, b.queue])), "nodes not up")
     return a, b
-
-
-def _wait_for(condition, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def _run(nodes: list[str], *, ticks: int, routing: str = "cache_aware") -> Run:
@@ -54,15 +45,11 @@ def _run(nodes: list[str], *, ticks: int, routing: str = "cache_aware") -> Run:
     return services.run_start(run=run)
 
 
-def _tick(run: Run) -> Tick:
-    return tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.05)
-
-
 def test_a_resident_keeps_its_node_across_ticks(two_nodes):
     a, b = two_nodes
     run = _run([a.queue, b.queue], ticks=3)
     for _ in range(3):
-        assert _tick(run).status == Tick.Status.DONE
+        assert run_tick(run).status == Tick.Status.DONE
     nodes_of = defaultdict(set)
     for d in run.decisions.all():
         assert d.status == D.APPLIED
@@ -88,7 +75,7 @@ def test_a_node_with_a_long_queue_gets_fewer_new_decisions(two_nodes, redis_url)
     for _ in range(12):
         task_send(chat_completion, args=[flood], queue=a.queue)
     try:
-        _wait_for(lambda: node_states([a.queue])[0].load >= 10, "node a's heartbeat shows no queue")
+        wait_for(lambda: node_states([a.queue])[0].load >= 10, "node a's heartbeat shows no queue")
         run = _run([a.queue, b.queue], ticks=1)
         tick = services.tick_begin(run=run)
         counts = Counter(tick.decisions.values_list("node", flat=True))
@@ -98,29 +85,11 @@ def test_a_node_with_a_long_queue_gets_fewer_new_decisions(two_nodes, redis_url)
     assert counts[a.queue] <= 2, counts  # b takes decisions until the loads are within 4
 
 
-def _tick_in_background(run: Run) -> tuple[threading.Thread, dict]:
-    result: dict = {}
-
-    def tick() -> None:
-        from django.db import connection
-
-        try:
-            result["tick"] = _tick(run)
-        except Exception as exc:  # re-raised in the test's thread
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    return thread, result
-
-
 def test_a_node_killed_mid_tick_fails_over_and_rejoins(two_nodes, celery_worker_process):
     a, b = two_nodes
     run = _run([a.queue, b.queue], ticks=2)
-    thread, result = _tick_in_background(run)
-    _wait_for(
+    thread, result = tick_in_background(run)
+    wait_for(
         Decision.objects.filter(run=run, node=a.queue, status=D.RUNNING).exists,
         "no decision started on node a",
     )
@@ -152,8 +121,8 @@ def test_a_node_killed_mid_tick_fails_over_and_rejoins(two_nodes, celery_worker_
 
     # Node a comes back (a new worker on its queue): the next tick gives it decisions again.
     a2 = celery_worker_process(a.queue, env=NODE_ENV)
-    _wait_for(lambda: node_states([a.queue])[0].is_up, "node a did not come back")
-    tick = _tick(run)
+    wait_for(lambda: node_states([a.queue])[0].is_up, "node a did not come back")
+    tick = run_tick(run)
     assert tick.status == Tick.Status.DONE
     on_a_again = list(tick.decisions.filter(node=a.queue))
     assert on_a_again, "the node that came back got no decision"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 import uuid
 
 import pytest
 import redis
 
+from tests.town.worker_ticks import tick_in_background, wait_for
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Run, Tick
@@ -58,31 +58,6 @@ def test_two_ticks_of_the_demo_town_on_the_real_model(celery_worker_process):
     assert sum(1 for d in decisions if d.valid) >= 10
 
 
-def _tick_in_background(run: Run) -> tuple[threading.Thread, dict]:
-    result: dict = {}
-
-    def tick() -> None:
-        from django.db import connection
-
-        try:
-            result["tick"] = tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.02)
-        except Exception as exc:  # re-raised in the test's thread
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    return thread, result
-
-
-def _wait_for(condition, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
 def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
     celery_worker_process, redis_url, settings
 ):
@@ -95,9 +70,9 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     town = demo_town_create(seed=0)
     run = services.run_create(town=town, nodes=[queue], ticks_target=1, concurrency=4)
     run = services.run_start(run=run)
-    thread, result = _tick_in_background(run)
+    thread, result = tick_in_background(run, poll_s=0.02)
     broker = redis.Redis.from_url(redis_url)
-    _wait_for(lambda: broker.llen(queue) == 4, "the first 4 decisions were not sent")
+    wait_for(lambda: broker.llen(queue) == 4, "the first 4 decisions were not sent")
     _, raw = broker.brpop([queue], timeout=5)  # the oldest message, as a worker takes it
     lost_id = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
     celery_worker_process(queue)
@@ -121,8 +96,8 @@ def test_a_worker_killed_mid_tick_loses_no_decision(celery_worker_process, setti
     town = demo_town_create(seed=0)
     run = services.run_create(town=town, nodes=[worker.queue], ticks_target=1, concurrency=4)
     run = services.run_start(run=run)
-    thread, result = _tick_in_background(run)
-    _wait_for(
+    thread, result = tick_in_background(run, poll_s=0.02)
+    wait_for(
         Decision.objects.filter(run=run, status=D.RUNNING).exists,
         "no decision started on the worker",
     )
