@@ -24,7 +24,7 @@ P mod B slots of the window tensors and the entries of the windows that end befo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -159,37 +159,46 @@ class SequenceState:
 
 @dataclass(slots=True)
 class DeepseekV4Metadata:
-    """A step's sequences and the sliding slot of each new token."""
+    """A step's sequences and the sliding slot of each new token. The index tensors below are
+    the same for every layer of the step: each is built once and kept for the step."""
 
     sequences: list[SequenceState]
     window_slots: torch.Tensor  # (T,)
     block_size: int
     csa_entries_per_block: int
     device: torch.device
+    _built: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     def window_slots_of(self, seq: SequenceState, lo: int, hi: int) -> torch.Tensor:
         """Sliding slots of the sequence's positions [lo, hi) (all inside its window table)."""
-        size = self.block_size
-        return _index(
-            [
-                seq.window_block_ids[p // size - seq.first_block] * size + p % size
-                for p in range(lo, hi)
-            ]
-        ).to(self.device)
+        size, first = self.block_size, seq.first_block
+        return self._once(
+            ("window", id(seq), lo, hi),
+            lambda: [
+                seq.window_block_ids[p // size - first] * size + p % size for p in range(lo, hi)
+            ],
+        )
 
     def csa_entry_ids(self, seq: SequenceState, lo: int, hi: int) -> torch.Tensor:
         """Pool rows of CSA entries [lo, hi): entry w lives in the block of token 4w."""
         per = self.csa_entries_per_block
-        return _index([seq.block_ids[w // per] * per + w % per for w in range(lo, hi)]).to(
-            self.device
+        return self._once(
+            ("csa", id(seq), lo, hi),
+            lambda: [seq.block_ids[w // per] * per + w % per for w in range(lo, hi)],
         )
 
     def hca_entry_ids(self, seq: SequenceState, lo: int, hi: int, rate: int) -> torch.Tensor:
         """Pool rows of HCA entries [lo, hi): entry w lives in the block of its last token."""
         size = self.block_size
-        return _index([seq.block_ids[(rate * w + rate - 1) // size] for w in range(lo, hi)]).to(
-            self.device
+        return self._once(
+            ("hca", id(seq), lo, hi),
+            lambda: [seq.block_ids[(rate * w + rate - 1) // size] for w in range(lo, hi)],
         )
+
+    def _once(self, key: tuple, ids) -> torch.Tensor:
+        if key not in self._built:
+            self._built[key] = _index(ids()).to(self.device)
+        return self._built[key]
 
 
 class DeepseekV4MetadataBuilder:
