@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.bench.results import RunResult
+from inference.engine.runner.model_runner import kv_groups_of
 
 CHUNK = 1024
 
@@ -113,7 +114,7 @@ def measure_floor(
     """The floor for `cached_run`'s requests; None for a model with sliding-window layers
     (their attention is bounded by the window, which this estimate does not model)."""
     cfg = model.config
-    if getattr(cfg, "layer_types", None) and "sliding" in cfg.layer_types:
+    if "sliding" in kv_groups_of(cfg):
         return None
     weights = _layer_weights(model)
     num_layers, n_kv, head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim

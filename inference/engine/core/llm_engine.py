@@ -34,7 +34,7 @@ from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
-from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, layer_types_of
+from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class LLMEngine:
     @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
-        return "sliding" in getattr(self.model_config, "layer_types", ())
+        return "sliding" in kv_groups_of(self.model_config)
 
     def warm(
         self, prompt_head: Prompt, pin: bool = True, cache_salt: str | None = None
@@ -375,8 +375,8 @@ class LLMEngine:
     def _sliding_window(self, model_config) -> int | None:
         """The window of the model's sliding layers (None: it has none, the retention interval
         changes nothing and we say so)."""
-        layer_types = layer_types_of(model_config)
-        if "sliding" not in layer_types:
+        groups = kv_groups_of(model_config)
+        if "sliding" not in groups:
             if self.config.cache.retention_interval is not None:
                 logger.warning(
                     "retention_interval=%s changes nothing: model %s has no sliding-window "
@@ -385,7 +385,7 @@ class LLMEngine:
                     self.config.model,
                 )
             return None
-        if "full" not in layer_types:
+        if "full" not in groups:
             raise ValueError(
                 f"model {self.config.model} has only sliding-window layers; the engine needs "
                 "at least one full-attention layer to chain its prefix cache"

@@ -61,7 +61,7 @@ class ModelRunner:
         cfg = loaded.config
         layer_types = layer_types_of(cfg)
         self.layer_types = layer_types
-        self.has_sliding = "sliding" in layer_types
+        self.has_sliding = "sliding" in kv_groups_of(cfg)
         self.sliding_window = getattr(cfg, "sliding_window", None)
         own_state = hasattr(self.model, "allocate_state")  # a model with its own paged state
         self.metadata_builder: MetadataBuilder
@@ -209,6 +209,17 @@ class ModelRunner:
 def layer_types_of(config) -> tuple[str, ...]:
     """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
     return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)
+
+
+def kv_groups_of(config) -> tuple[str, ...]:
+    """The KV cache groups a model needs: "full" (kept for the whole prefix, hash-chained) and,
+    with sliding-window state, "sliding". A model whose layers each keep state of both kinds
+    (DeepSeek-V4) says so itself (`kv_groups`); others have one group per layer kind."""
+    groups = getattr(config, "kv_groups", None)
+    if groups is not None:
+        return tuple(groups)
+    types = layer_types_of(config)
+    return tuple(kind for kind in ("full", "sliding") if kind in types)
 
 
 def group_block_bytes(config, block_size: int) -> dict[str, int]:

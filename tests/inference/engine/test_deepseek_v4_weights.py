@@ -155,3 +155,48 @@ def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "deepseek_v4"
     for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
+
+
+def test_a_model_with_no_sliding_only_layer_still_keeps_its_windows(tmp_path):
+    """transformers' default schedule (HCA, HCA, then CSA/HCA) has no sliding-only layer, yet
+    every V4 layer keeps a window: the engine still gets its sliding group, and a prefix hit
+    resumes exactly."""
+    import random
+
+    from inference.engine import EngineConfig, LLMEngine, SamplingParams
+    from inference.engine.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
+    from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG, _init_random
+
+    source = tiny_checkpoint(0)
+    hf = json.loads((source / "config.json").read_text())
+    hf["layer_types"] = ["heavily_compressed_attention"] * 2 + [
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    ]
+    hf["num_hidden_layers"], hf["mlp_layer_types"] = 4, TINY_CONFIG["mlp_layer_types"][:4]
+    model = DeepseekV4ForCausalLM(DeepseekV4Config.from_hf_config(hf))
+    _init_random(model, 1)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / file, tmp_path / file)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    rng = random.Random(0)
+    head = [rng.randrange(1000, 49_000) for _ in range(200)]
+    first, second = [*head, 1001, 1002], [*head, 2001, 2002]
+    cached = LLMEngine(EngineConfig(model=str(tmp_path), num_kv_blocks=64))
+    cold = LLMEngine(
+        EngineConfig(model=str(tmp_path), num_kv_blocks=64, enable_prefix_caching=False)
+    )
+    try:
+        assert cached.kv_cache_manager.sliding is not None
+        cached.generate(first, params)
+        hit = cached.generate(second, params)[0]
+        assert hit.metrics.num_cached_tokens == 200
+        assert hit.token_ids == cold.generate(second, params)[0].token_ids
+    finally:
+        cached.shutdown()
+        cold.shutdown()

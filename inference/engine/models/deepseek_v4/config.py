@@ -157,11 +157,11 @@ class DeepseekV4Config:
     # ---- what the engine reads of any model config ----------------------------------------
 
     @property
-    def layer_types(self) -> tuple[str, ...]:
-        """The engine's KV groups per layer: a layer with a compressor keeps its compressed
-        entries for the whole prefix ("full" group); every layer also keeps a window of K=V and
-        compressor inputs in the "sliding" group (see deepseek_v4.state)."""
-        return tuple("sliding" if kind == SLIDING else "full" for kind in self.attention_kinds)
+    def kv_groups(self) -> tuple[str, ...]:
+        """The engine's KV groups: every layer keeps a window of K=V and compressor inputs
+        ("sliding"), and a compressor layer its compressed entries for the whole prefix
+        ("full", which also chains the prefix cache: it exists even with no compressor)."""
+        return ("full", "sliding")
 
     @property
     def replay_alignment(self) -> int:
