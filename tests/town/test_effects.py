@@ -133,11 +133,11 @@ def test_buy_spends_money_and_feeds(world):
     assert "costs ¥500 but Chie has ¥0" in action_problem(world, chie, "buy", "latte")
 
 
-def test_talk_is_remembered_by_both(world):
-    notes = action_apply(world, world.resident(3), "talk", "Dai", "Nice weather")
+def test_talk_is_remembered_by_both_without_quoting_it(world):
+    notes = action_apply(world, world.resident(3), "talk", "Dai", "I love this nice weather.")
     assert notes == [
-        (3, 'Talked with Dai at Cafe. "Nice weather"'),
-        (4, 'Chie came to talk with me at Cafe. "Nice weather"'),
+        (3, "Talked with Dai at Cafe."),
+        (4, "Chie came to talk with me at Cafe."),
     ]
 
 

@@ -55,10 +55,12 @@ def action_apply(
     if action == "talk":
         other = world.resident_named(target)
         assert other is not None, "talk was validated before it was applied"
-        said = f' "{reason}"' if reason else ""
+        # What was said is not quoted into the memories: they are in both residents' next
+        # prompts, and a small model copies a quoted sentence as its own next reason (run 12 in
+        # docs/TOWN.md: 5 of 13 echoes repeated one talk). The decision keeps the reason.
         return [
-            (resident.id, f"Talked with {other.name} at {here.name}.{said}"),
-            (other.id, f"{resident.name} came to talk with me at {here.name}.{said}"),
+            (resident.id, f"Talked with {other.name} at {here.name}."),
+            (other.id, f"{resident.name} came to talk with me at {here.name}."),
         ]
     if action == "rest":
         resident.energy = _clamp(resident.energy + REST_ENERGY_PER_HOUR * _hours(world))

@@ -87,7 +87,7 @@ _FORMAT = (
     "- target (required): exactly one of the options listed for that action, spelled as listed.\n"
     "- reason (required): the resident's own thought, one short sentence in the first person, "
     'starting with "I" and ending with a full stop, at most {chars} characters, in your own '
-    "words."
+    "words, with no numbers."
 )
 
 

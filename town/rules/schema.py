@@ -14,9 +14,11 @@ REASON_MAX_CHARS = 60
 # The resident's own thought: one short sentence in the first person ("I ...", ending in "." or
 # "!"). A small model cannot start it by copying a third-person line of the prompt ("Decide what
 # ... does next"), and with no comma or full stop inside it cannot run on ("I will go to the
-# next town, I will go to the next town, ..."). ASCII letters, digits, spaces, apostrophes and
-# hyphens: one token per character at worst, no escapes.
-REASON_PATTERN = rf"^I[ '][A-Za-z0-9 '-]{{1,{REASON_MAX_CHARS - 3}}}[.!]$"
+# next town, I will go to the next town, ..."). ASCII letters, spaces, apostrophes and hyphens:
+# one token per character at worst, no escapes. No digits: a thought needs no price, and a
+# reason with one was most often a menu line copied with its price ("I forgot to buy the manga
+# volume 550 yen.", run 12 in docs/TOWN.md).
+REASON_PATTERN = rf"^I[ '][A-Za-z '-]{{1,{REASON_MAX_CHARS - 3}}}[.!]$"
 # {"action":"...","target":"...","reason":"..."}: ~20 tokens of keys and punctuation, a target
 # name of up to ~20 tokens, the reason at most REASON_MAX_CHARS tokens.
 DECISION_MAX_TOKENS = 20 + 20 + REASON_MAX_CHARS + 20
