@@ -342,6 +342,12 @@ class LLMEngine:
             )
 
     @property
+    def failure(self) -> Exception | None:
+        """Why this engine can no longer run steps (a rank of a tensor-parallel engine is gone),
+        or None. Its requests fail with this; shut it down and start a new engine."""
+        return self.executor.failure if self.executor is not None else None
+
+    @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
         return "sliding" in kv_groups_of(self.model_config)
