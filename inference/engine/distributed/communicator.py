@@ -28,7 +28,9 @@ import torch.distributed as dist
 @dataclass(slots=True)
 class OpStats:
     num_calls: int = 0
-    num_bytes: int = 0  # what this rank sent or contributed
+    # What crossed this rank's links: its all-reduce input, the broadcast payload (rank 0),
+    # the gathered slices (rank 0 receives them; a worker sends its own).
+    num_bytes: int = 0
     seconds: float = 0.0
 
 
@@ -78,7 +80,8 @@ class Communicator:
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.is_first else None
         dist.gather(x, parts, dst=0)
-        self._count("gather", 0 if self.is_first else x.numel() * x.element_size(), started)
+        size = x.numel() * x.element_size()
+        self._count("gather", size * (self.world_size - 1) if self.is_first else size, started)
         return parts
 
     def broadcast_message(self, message: object | None = None) -> object:
