@@ -46,7 +46,7 @@ def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
         "num_kv_blocks": 32,
         "num_threads": 1,
         "tensor_parallel_size": 2,
-        "distributed_timeout_s": 30.0,
+        "distributed_timeout_s": 60.0,
     }
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     engine_shutdown()

@@ -20,6 +20,7 @@ import threading
 import time
 
 import torch
+import torch.distributed as dist
 
 from inference.engine.config import EngineConfig
 from inference.engine.core.request_errors import RequestError
@@ -46,6 +47,11 @@ class TensorParallelError(RuntimeError):
 class TensorParallelExecutor:
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         """Start (or wait for) the workers and join the process group as rank 0."""
+        if dist.is_initialized():  # checked before anything starts: that group is not ours
+            raise RuntimeError(
+                "this process already belongs to a torch.distributed group (another "
+                "tensor-parallel engine runs here?): shut that engine down first"
+            )
         parallel = config.parallel
         self.config = config
         self.failure: TensorParallelError | None = None

@@ -7,7 +7,8 @@ Started by the engine itself (launcher.WorkerProcesses) or, on other machines, a
     python -m inference.engine.distributed.worker --rank 1 --world-size 2 \\
         --master-addr 10.0.0.1 --master-port 29500
 
-(torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and LOCAL_RANK are the defaults).
+(the engine reads no environment: under torchrun, pass its $RANK, $MASTER_ADDR, ... as these
+arguments from a shell).
 It exits when rank 0 says so, or when rank 0 is gone: a closed connection fails the wait at
 once, a silent one within the timeout (an idle rank 0 sends heartbeats).
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 import torch
@@ -79,13 +79,12 @@ def run_worker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    env = os.environ  # the CLI is the boundary: torchrun's variables, read here only
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rank", type=int, default=int(env.get("RANK", 1)))
-    parser.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", 2)))
-    parser.add_argument("--master-addr", default=env.get("MASTER_ADDR", "127.0.0.1"))
-    parser.add_argument("--master-port", type=int, default=int(env.get("MASTER_PORT", 29500)))
-    parser.add_argument("--local-rank", type=int, default=int(env.get("LOCAL_RANK", 0)))
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--master-addr", required=True, help="rank 0's address")
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("--local-rank", type=int, default=0, help="which GPU of this machine")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="rank 0's kind")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds (rank 0's)")
     args = parser.parse_args(argv)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +24,12 @@ import torch
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.config import ParallelConfig
 from inference.engine.core.request_errors import RequestError
+from inference.engine.distributed.communicator import free_port
 from inference.engine.distributed.parallel_layers import balanced_range
 from inference.engine.distributed.sharding import HeadShard, head_shard
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-TP2 = dict(tensor_parallel_size=2, distributed_timeout_s=20.0)
+TP2 = dict(tensor_parallel_size=2, distributed_timeout_s=60.0)
 LOGITS_RTOL = 1e-5
 
 
@@ -165,7 +169,7 @@ def test_a_killed_rank_fails_the_requests_clearly_and_a_new_engine_starts():
         num_kv_blocks=64,
         num_threads=1,
         tensor_parallel_size=2,
-        distributed_timeout_s=30.0,
+        distributed_timeout_s=60.0,
     )
     engine = LLMEngine(config)
     long = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
@@ -197,6 +201,41 @@ def test_a_killed_rank_fails_the_requests_clearly_and_a_new_engine_starts():
             restarted.generate([[5, 6, 7]], GREEDY, timeout=30)
     finally:
         restarted.shutdown()
+
+
+def test_a_worker_started_on_its_own_joins_rank_0_and_leaves_at_shutdown():
+    """The two-machine path on one machine: rank 1 from the command line, the engine waiting for
+    it at master_addr:master_port (worker_launch="external")."""
+    port = free_port()
+    root = Path(__file__).resolve().parents[3]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "inference.engine.distributed.worker", "--rank=1",
+         "--world-size=2", "--master-addr=127.0.0.1", f"--master-port={port}", "--timeout=60"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    try:
+        engine = LLMEngine(
+            EngineConfig(
+                model="smollm2-tiny-random",
+                num_kv_blocks=32,
+                num_threads=1,
+                tensor_parallel_size=2,
+                worker_launch="external",
+                master_port=port,
+                distributed_timeout_s=60.0,
+            )
+        )
+        try:
+            got = engine.generate([[9, 8, 7, 6]], GREEDY)
+        finally:
+            engine.shutdown()
+        assert worker.wait(timeout=30) == 0  # told to stop, it left cleanly
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    expected, _, _ = _run("smollm2-tiny-random", [[9, 8, 7, 6]], num_kv_blocks=32)
+    assert got[0].token_ids == expected[0].token_ids
 
 
 @pytest.mark.real_model
