@@ -18,8 +18,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.distributed.communicator import CommStats
+from inference.engine.distributed.communicator import (
+    CommStats,
+    close_distributed,
+    free_port,
+    init_distributed,
+)
 
 
 @dataclass(slots=True)
@@ -112,6 +121,48 @@ def run(
         engine.shutdown()
 
 
+def _time_all_reduce(rank: int, port: int, sizes: list[int], repeats: int, out) -> None:
+    """(a spawned rank) Median seconds of an all-reduce of each size, after a warm-up."""
+    comm = init_distributed(rank, 2, "127.0.0.1", port, torch.device("cpu"), 60.0)
+    torch.set_num_threads(1)
+    try:
+        medians = []
+        for size in sizes:
+            x = torch.ones(size // 4)
+            for _ in range(3):
+                comm.all_reduce(x)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                started = time.perf_counter()
+                comm.all_reduce(x)
+                times.append(time.perf_counter() - started)
+            medians.append(statistics.median(times))
+        if rank == 0:
+            out.put(medians)
+    finally:
+        close_distributed()
+
+
+def time_all_reduce(sizes: list[int], repeats: int = 50) -> list[float]:
+    """Median seconds of a gloo all-reduce between two processes on this machine, per size in
+    bytes: the transfer alone (both ranks start together), without a step's wait for the
+    slower rank."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    workers = [
+        context.Process(target=_time_all_reduce, args=(rank, port, sizes, repeats, results))
+        for rank in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    medians = results.get(timeout=600)
+    for worker in workers:
+        worker.join(60)
+    return medians
+
+
 def format_rows(rows: list[KindSummary]) -> str:
     lines = [
         f"{'engine':<14}{'kind':<9}{'steps':>6}{'tok/step':>9}{'step ms':>9}{'comm ms':>9}"
@@ -139,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1, help="requests at once")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, one process")
     parser.add_argument("--rank-threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument(
+        "--all-reduce-bytes",
+        default="",
+        help="comma-separated sizes: also time a bare all-reduce of each between two processes",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rng = random.Random(0)
@@ -152,10 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         args.model, prompts, args.max_tokens, args.rank_threads, tensor_parallel_size=args.tp
     )
     rows = summarize("1 process", single) + summarize(f"{args.tp} ranks", split)
+    sizes = [int(size) for size in args.all_reduce_bytes.split(",") if size]
+    bare = dict(zip(sizes, time_all_reduce(sizes), strict=True)) if sizes else {}
     if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
-    else:
-        print(format_rows(rows))
+        print(json.dumps({"steps": [asdict(r) for r in rows], "all_reduce_s": bare}, indent=2))
+        return 0
+    print(format_rows(rows))
+    for size, seconds in bare.items():
+        print(f"bare all-reduce of {size} bytes between two processes: {1000 * seconds:.3f} ms")
     return 0
 
 
