@@ -1,4 +1,6 @@
-"""ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
+"""ModelRunner: turns a SchedulerOutput into one flattened batch (`prepare`: a StepBatch, plain
+lists), runs the model on it (`forward`), samples (`sample`). A tensor-parallel engine sends the
+StepBatch to its other ranks between the first two (distributed/executor.py).
 
 It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
 cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
