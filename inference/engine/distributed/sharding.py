@@ -160,7 +160,9 @@ class ExpertParallelMoE(nn.Module):
         mine = balanced_range(shared.gate_proj.weight.shape[0], comm.rank, comm.world_size)
         self.shared_gate = ColumnParallelLinear(shared.gate_proj, [mine])
         self.shared_up = ColumnParallelLinear(shared.up_proj, [mine])
-        self.shared_down = nn.Parameter(shared.down_proj.weight.data[:, mine.start : mine.stop])
+        self.shared_down = nn.Parameter(
+            shared.down_proj.weight.data[:, mine.start : mine.stop].clone()
+        )
         self.comm = comm
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
