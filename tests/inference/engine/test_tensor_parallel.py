@@ -125,6 +125,31 @@ def test_a_tensor_parallel_config_turns_cuda_graphs_off():
 # ---- two ranks -------------------------------------------------------------------------------
 
 
+def test_parallel_layers_on_two_ranks_equal_the_full_layers_with_uneven_shares():
+    """Column- then row-parallel linears, the vocabulary-parallel embedding and head, with
+    every size odd (7 inner columns, 11 vocabulary rows): rank 0 gets the full logits."""
+    import torch.multiprocessing as mp
+
+    from tests.inference.engine import tensor_parallel_layers as layers
+
+    input_ids = torch.tensor([0, 5, 6, 10, 3])  # both sides of the vocabulary split
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    ranks = [
+        context.Process(target=layers.run_rank, args=(rank, port, input_ids, results))
+        for rank in range(2)
+    ]
+    for rank in ranks:
+        rank.start()
+    got = dict(results.get(timeout=120) for _ in ranks)
+    for rank in ranks:
+        rank.join(30)
+    assert [rank.exitcode for rank in ranks] == [0, 0]
+    assert got[1].shape == (5, 0)
+    torch.testing.assert_close(got[0], layers.reference(input_ids), rtol=1e-5, atol=1e-6)
+
+
 def test_tiny_llama_on_two_ranks_matches_one_process_through_reuse_chunks_and_preemption():
     """16 blocks of 16 tokens for 5 prompts of ~90-140 tokens: requests are preempted; a step
     takes at most 64 tokens: prompts are chunked; prompts share an 83-token head: the second
