@@ -162,6 +162,9 @@ class TensorParallelExecutor:
             time.sleep(0.2)  # a worker that closed its sockets is usually reaped by now
         exits = self.workers.describe_exits() if self.workers is not None else ""
         cause = exits or f"{type(exc).__name__}: {exc}"
+        if not exits and "Timed out" in str(exc):
+            timeout = self.config.parallel.distributed_timeout_s
+            cause = f"a rank did not answer within distributed_timeout_s={timeout:g} s: {cause}"
         self.failure = TensorParallelError(
             f"a rank of the tensor-parallel engine failed {when} ({cause}); its requests fail: "
             "shut this engine down and start a new one"
