@@ -136,6 +136,8 @@ def init_distributed(
             "engine runs here?): shut that engine down first"
         )
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # NCCL binds each rank to its current device
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend,
