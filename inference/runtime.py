@@ -45,7 +45,8 @@ def engine_config_from_settings() -> EngineConfig:
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise ImproperlyConfigured(
-            f"INFERENCE_ENGINE is invalid: {exc} (POKOMACHI_MODEL and POKOMACHI_DEVICE set it)"
+            f"INFERENCE_ENGINE is invalid: {exc} (POKOMACHI_MODEL, POKOMACHI_DEVICE and "
+            "POKOMACHI_TP_* set it)"
         ) from exc
 
 
@@ -58,9 +59,15 @@ class _EngineSlot:
 
     def get(self) -> LLMEngine:
         engine = self._engine
-        if engine is not None:
+        if engine is not None and engine.failure is None:
             return engine
         with self._lock:
+            if self._engine is not None and self._engine.failure is not None:
+                # A tensor-parallel rank died: its requests failed; this one gets a new engine
+                # (remote ranks rejoin once restarted, e.g. by their container's restart policy).
+                logger.error("the engine failed (%s); starting a new one", self._engine.failure)
+                self._engine.shutdown()
+                self._engine = None
             if self._engine is None:
                 self._engine = self._build()
             return self._engine

@@ -92,3 +92,28 @@ def env_retention_interval(name: str, *, env: Mapping[str, str] | None = None) -
             f"{name}={raw!r}: must be a whole number of tokens (a multiple of the block size, "
             "16), 0 (only at the end of each prompt) or 'dense'"
         ) from None
+
+
+def env_tensor_parallel(*, env: Mapping[str, str] | None = None) -> dict[str, object]:
+    """EngineConfig keywords for one model over several processes or machines (the engine's
+    distributed/ package): POKOMACHI_TP_SIZE ranks, this worker's engine being rank 0; the
+    others spawned here (POKOMACHI_TP_LAUNCH=spawn) or started on other machines (external)
+    and meeting rank 0 at POKOMACHI_TP_MASTER_ADDR:POKOMACHI_TP_MASTER_PORT. Unset: {}."""
+    size = env_int("POKOMACHI_TP_SIZE", 1, low=1, high=1024, env=env)
+    if size == 1:
+        return {}
+    launch = env_str("POKOMACHI_TP_LAUNCH", "spawn", env=env)
+    if launch not in ("spawn", "external"):
+        raise EnvError(f"POKOMACHI_TP_LAUNCH={launch!r}: use spawn or external")
+    keywords: dict[str, object] = {
+        "tensor_parallel_size": size,
+        "worker_launch": launch,
+        "master_addr": env_str("POKOMACHI_TP_MASTER_ADDR", "127.0.0.1", env=env),
+        "enable_expert_parallel": env_bool("POKOMACHI_EXPERT_PARALLEL", False, env=env),
+        "distributed_timeout_s": env_float("POKOMACHI_TP_TIMEOUT_S", 120.0, env=env),
+    }
+    if env_str("POKOMACHI_TP_MASTER_PORT", env=env):
+        keywords["master_port"] = env_int("POKOMACHI_TP_MASTER_PORT", 0, low=1, high=65535, env=env)
+    elif launch == "external":
+        raise EnvError("POKOMACHI_TP_LAUNCH=external needs POKOMACHI_TP_MASTER_PORT")
+    return keywords

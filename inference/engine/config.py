@@ -1,6 +1,7 @@
-"""EngineConfig: every engine knob, validated, in four groups — the KV cache, the scheduler, the
-model runner and structured output — each its own dataclass checked in its own __post_init__
-(vLLM's CacheConfig / SchedulerConfig / ...), plus what spans them (model, device, seed).
+"""EngineConfig: every engine knob, validated, in five groups — the KV cache, the scheduler, the
+model runner, structured output and parallelism — each its own dataclass checked in its own
+__post_init__ (vLLM's CacheConfig / SchedulerConfig / ...), plus what spans them (model,
+device, seed).
 
 Every sub-config field is also taken, and read, by its flat name: EngineConfig(
 enable_prefix_caching=False) sets `config.cache.enable_prefix_caching`, and
@@ -170,12 +171,63 @@ class StructuredOutputConfig:
             raise ValueError(f"grammar_cache_bytes must be ≥ 0, got {self.grammar_cache_bytes}")
 
 
+_WORKER_LAUNCHES = ("spawn", "external")
+
+
+@dataclass(slots=True)
+class ParallelConfig:
+    """One model over several processes (inference/engine/distributed/): tensor parallelism
+    (attention heads and MLP columns split across ranks) and, for MoE layers, expert
+    parallelism. Rank 0 is the engine itself; the others only run their shard of the model."""
+
+    tensor_parallel_size: int = 1
+    # MoE models (DeepSeek-V4): each rank holds its share of the routed experts; the attention,
+    # which cannot be split by heads there, is replicated. Needs tensor_parallel_size > 1.
+    enable_expert_parallel: bool = False
+    # "spawn": the engine starts ranks 1..N-1 itself on this machine (torch.multiprocessing);
+    # "external": they are started elsewhere (`python -m inference.engine.distributed.worker`,
+    # or torchrun) and meet rank 0 at master_addr:master_port.
+    worker_launch: str = "spawn"
+    master_addr: str = "127.0.0.1"
+    # None: a free port on this machine (spawn only).
+    master_port: int | None = None
+    # Every collective (and the rendezvous) fails past this instead of hanging; an idle engine
+    # sends a heartbeat every quarter of it so waiting workers do not time out.
+    distributed_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be ≥ 1, got {self.tensor_parallel_size}")
+        if self.enable_expert_parallel and self.tensor_parallel_size < 2:
+            raise ValueError(
+                "enable_expert_parallel splits experts across ranks: it needs "
+                f"tensor_parallel_size ≥ 2, got {self.tensor_parallel_size}"
+            )
+        if self.worker_launch not in _WORKER_LAUNCHES:
+            raise ValueError(
+                f"worker_launch must be one of {_WORKER_LAUNCHES}, got {self.worker_launch!r}"
+            )
+        if self.worker_launch == "external" and self.master_port is None:
+            raise ValueError(
+                "worker_launch='external' needs master_port: the workers on the other "
+                "machines must know where to meet rank 0"
+            )
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port must be in [1, 65535], got {self.master_port}")
+        if not 0 < self.distributed_timeout_s < float("inf"):
+            raise ValueError(
+                f"distributed_timeout_s must be a finite number of seconds > 0, got "
+                f"{self.distributed_timeout_s}"
+            )
+
+
 # Sub-config field name → its class, and each flat name → the sub-config field that holds it.
 _SUB_CONFIGS: dict[str, type] = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
     "runner": RunnerConfig,
     "structured_output": StructuredOutputConfig,
+    "parallel": ParallelConfig,
 }
 _FLAT_NAMES: dict[str, str] = {
     f.name: group for group, cls in _SUB_CONFIGS.items() for f in fields(cls)
@@ -191,6 +243,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __init__(self, **keywords: Any) -> None:
         """Keywords: the fields above (a sub-config as its dataclass or a dict of its fields),
@@ -231,6 +284,9 @@ class EngineConfig:
                 f"least block_size ({self.cache.block_size})"
             )
         self._resolve_dtype_and_backend()
+        if self.parallel.tensor_parallel_size > 1 and self.runner.enable_cuda_graphs:
+            # A captured graph would replay the collectives of one batch shape; not done yet.
+            self.runner = dataclasses.replace(self.runner, enable_cuda_graphs=False)
 
     def _resolve_dtype_and_backend(self) -> None:
         on_cuda = self.device.startswith("cuda")

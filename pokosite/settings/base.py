@@ -23,6 +23,7 @@ from pokosite.env import (
     env_list,
     env_retention_interval,
     env_str,
+    env_tensor_parallel,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -209,6 +210,9 @@ if env_str("POKOMACHI_TORCH_THREADS"):
 # The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
 if env_str("POKOMACHI_KV_BLOCKS"):
     INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
+# One model split over several processes or machines (tensor / expert parallel): README's "One
+# model over two machines". Unset POKOMACHI_TP_SIZE: one process.
+INFERENCE_ENGINE.update(env_tensor_parallel())
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.

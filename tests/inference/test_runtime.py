@@ -29,3 +29,37 @@ def test_bad_engine_settings_say_what_to_fix(settings, engine_settings, message)
     settings.INFERENCE_ENGINE = engine_settings
     with pytest.raises(ImproperlyConfigured, match=message):
         engine_config_from_settings()
+
+
+def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
+    """A tensor-parallel engine whose worker died fails its requests; the next engine_get
+    shuts it down and builds a new one (here its worker is spawned again)."""
+    import os
+    import signal
+    import time
+
+    from inference.engine import SamplingParams
+    from inference.runtime import engine_get, engine_shutdown
+
+    settings.INFERENCE_ENGINE = {
+        "model": "smollm2-tiny-random",
+        "num_kv_blocks": 32,
+        "num_threads": 1,
+        "tensor_parallel_size": 2,
+        "distributed_timeout_s": 60.0,
+    }
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine_shutdown()
+    try:
+        first = engine_get()
+        expected = first.generate([[3, 1, 4]], params)[0].token_ids
+        os.kill(first.executor.workers.pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while first.failure is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "rank 1 exited" in str(first.failure)
+        second = engine_get()
+        assert second is not first and second.failure is None
+        assert second.generate([[3, 1, 4]], params)[0].token_ids == expected
+    finally:
+        engine_shutdown()

@@ -12,6 +12,7 @@ from pokosite.env import (
     env_list,
     env_retention_interval,
     env_str,
+    env_tensor_parallel,
 )
 
 
@@ -59,3 +60,36 @@ def test_a_bad_value_names_the_variable_and_what_it_takes(read, message):
     with pytest.raises(EnvError, match=message):
         read()
     assert issubclass(EnvError, ValueError)
+
+
+def test_tensor_parallel_settings_become_engine_config_keywords():
+    from inference.engine.config import EngineConfig
+
+    assert env_tensor_parallel(env={}) == {} == env_tensor_parallel(env={"POKOMACHI_TP_SIZE": "1"})
+    remote = env_tensor_parallel(
+        env={
+            "POKOMACHI_TP_SIZE": "2",
+            "POKOMACHI_TP_LAUNCH": "external",
+            "POKOMACHI_TP_MASTER_ADDR": "10.0.0.1",
+            "POKOMACHI_TP_MASTER_PORT": "29500",
+        }
+    )
+    parallel = EngineConfig(**remote).parallel
+    assert (parallel.tensor_parallel_size, parallel.worker_launch) == (2, "external")
+    assert (parallel.master_addr, parallel.master_port) == ("10.0.0.1", 29500)
+    assert EngineConfig(**env_tensor_parallel(env={"POKOMACHI_TP_SIZE": "2"})).parallel == (
+        EngineConfig(tensor_parallel_size=2).parallel
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POKOMACHI_TP_SIZE": "two"}, "POKOMACHI_TP_SIZE='two'"),
+        ({"POKOMACHI_TP_SIZE": "2", "POKOMACHI_TP_LAUNCH": "ray"}, "use spawn or external"),
+        ({"POKOMACHI_TP_SIZE": "2", "POKOMACHI_TP_LAUNCH": "external"}, "needs POKOMACHI_TP_MAS"),
+    ],
+)
+def test_bad_tensor_parallel_settings_name_the_variable(env, message):
+    with pytest.raises(EnvError, match=message):
+        env_tensor_parallel(env=env)

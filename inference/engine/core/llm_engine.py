@@ -30,11 +30,17 @@ from inference.engine.core.request import Request, RequestStatus
 from inference.engine.core.request_errors import request_failed
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.scheduler import Scheduler
+from inference.engine.distributed.executor import TensorParallelExecutor
 from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
-from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
+from inference.engine.runner.model_runner import (
+    ModelRunner,
+    RunnerSetup,
+    group_block_bytes,
+    kv_groups_of,
+)
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -102,12 +108,38 @@ def kv_block_counts(
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.runner.num_threads:
+            torch.set_num_threads(config.runner.num_threads)
+        self.device = torch.device(config.device)
+        # One model over several processes: this engine is rank 0 (distributed/executor.py).
+        self.executor: TensorParallelExecutor | None = None
+        if config.parallel.tensor_parallel_size > 1:
+            self.executor = TensorParallelExecutor(config, self.device)
+        try:
+            self._start(config)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.close()  # the workers leave too
+            raise
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(config.seed)
+        self._lock = threading.Condition()
+        self._inbox: list[tuple[Request, Future]] = []
+        self._futures: dict[str, Future] = {}
+        self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
+        self._num_steps = 0
+        self._shutdown = False
+        self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
+        self._loop.start()
+
+    def _start(self, config: EngineConfig) -> None:
+        """Load the model (this rank's shard of it), size the KV cache, build the scheduler,
+        the structured-output manager and the runner."""
         cache, scheduling, running = config.cache, config.scheduler, config.runner
         grammars = config.structured_output
-        if running.num_threads:
-            torch.set_num_threads(running.num_threads)
-        self.device = torch.device(config.device)
         loaded = load_model(config.model, self.device, config.seed)
+        if self.executor is not None:
+            loaded = self.executor.shard(loaded)  # the KV cache below is this rank's shard too
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         self.max_model_len = min(
@@ -169,29 +201,20 @@ class LLMEngine:
             max_compile_workers=grammars.grammar_compile_workers,
             cache_bytes=grammars.grammar_cache_bytes,
         )
-        self.runner = ModelRunner(
-            loaded,
-            self.num_blocks,
-            cache.block_size,
-            self.device,
-            self.structured,
+        setup = RunnerSetup(
+            num_blocks=self.num_blocks,
+            block_size=cache.block_size,
             num_window_blocks=self.num_window_blocks,
-            dtype=dtype,
+            dtype=running.dtype,
             use_kernels=running.attention_backend == "triton",
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
             max_num_seqs=scheduling.max_num_seqs,
             decode_windows=running.enable_decode_windows,
         )
-        self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(config.seed)
-        self._lock = threading.Condition()
-        self._inbox: list[tuple[Request, Future]] = []
-        self._futures: dict[str, Future] = {}
-        self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
-        self._num_steps = 0
-        self._shutdown = False
-        self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
-        self._loop.start()
+        runner = setup.build(loaded, self.device, self.structured)
+        if self.executor is not None:
+            self.executor.attach(runner, setup)
+        self.runner: ModelRunner | TensorParallelExecutor = self.executor or runner
 
     # ---- the public front -------------------------------------------------------------
 
@@ -319,6 +342,12 @@ class LLMEngine:
             )
 
     @property
+    def failure(self) -> Exception | None:
+        """Why this engine can no longer run steps (a rank of a tensor-parallel engine is gone),
+        or None. Its requests fail with this; shut it down and start a new engine."""
+        return self.executor.failure if self.executor is not None else None
+
+    @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
         return "sliding" in kv_groups_of(self.model_config)
@@ -359,6 +388,7 @@ class LLMEngine:
             self._shutdown = True
             self._lock.notify()
         self._loop.join(timeout=30)
+        self.runner.close()
         self.structured.close()
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:

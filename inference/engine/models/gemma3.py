@@ -184,6 +184,19 @@ class Gemma3DecoderLayer(nn.Module):
         return x + F.rms_norm(h, shape, self.post_feedforward_layernorm, self.eps)
 
 
+class TiedLMHead(nn.Module):
+    """The lm head that is the embedding (its weight read at call time, never copied)."""
+
+    tied = True
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self._embedding = (embedding,)  # a tuple: not registered twice as a submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self._embedding[0].weight)  # (N, vocab)
+
+
 class Gemma3ForCausalLM(nn.Module):
     def __init__(self, cfg: Gemma3Config) -> None:
         super().__init__()
@@ -191,6 +204,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, t) for t in cfg.layer_types)
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = TiedLMHead(self.embed_tokens)
         self.ropes = nn.ModuleDict(
             {
                 "full": Gemma3Rotary(cfg.head_dim, cfg.rope_theta),
@@ -215,7 +229,7 @@ class Gemma3ForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope[layer.layer_type], kv_cache, meta)
         x = F.rms_norm(x[logits_indices], x.shape[-1:], self.norm, self.config.rms_norm_eps)
-        return F.linear(x, weight)  # (N, vocab): the lm_head is the embedding
+        return self.lm_head(x)  # (N, vocab)
 
     @torch.inference_mode()
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,6 @@
-"""ModelRunner: turns a SchedulerOutput into one flattened batch, runs the model, samples.
+"""ModelRunner: turns a SchedulerOutput into one flattened batch (`prepare`: a StepBatch, plain
+lists), runs the model on it (`forward`), samples (`sample`). A tensor-parallel engine sends the
+StepBatch to its other ranks between the first two (distributed/executor.py).
 
 It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
 cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
@@ -20,6 +22,7 @@ sources are read before any destination is written.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -38,6 +41,49 @@ from inference.engine.structured_output.structured_output import StructuredOutpu
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class StepBatch:
+    """One step, flattened: what the model reads (and what rank 0 sends a sharded model's
+    other ranks: plain lists, no Request objects)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    full: GroupSpans
+    sliding: GroupSpans | None
+    logits_rows: list[int]  # rows whose next-token logits are sampled
+    block_copies: list[BlockCopy]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSetup:
+    """How a ModelRunner is built beyond its model: rank 0 builds its own from this and sends
+    it to a sharded model's other ranks, so every rank has the same blocks."""
+
+    num_blocks: int
+    block_size: int
+    num_window_blocks: int | None
+    dtype: str
+    use_kernels: bool
+    cuda_graph_max_len: int | None
+    max_num_seqs: int
+    decode_windows: bool
+
+    def build(self, loaded, device: torch.device, structured) -> ModelRunner:
+        return ModelRunner(
+            loaded,
+            self.num_blocks,
+            self.block_size,
+            device,
+            structured,
+            num_window_blocks=self.num_window_blocks,
+            dtype=getattr(torch, self.dtype),
+            use_kernels=self.use_kernels,
+            cuda_graph_max_len=self.cuda_graph_max_len,
+            max_num_seqs=self.max_num_seqs,
+            decode_windows=self.decode_windows,
+        )
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -45,7 +91,7 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         device: torch.device,
-        structured: StructuredOutputManager,
+        structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
         *,
         dtype: torch.dtype = torch.float32,
         use_kernels: bool = False,
@@ -138,11 +184,12 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> dict[str, int | RequestError]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
         the RequestError of one whose sampling or grammar failed)."""
-        if self.device.type == "cuda":
-            # Per thread: triton launches on the current device, and this is the loop thread.
-            torch.cuda.set_device(self.device)
-        if output.block_copies:
-            self.copy_blocks(output.block_copies)
+        batch, sampling = self.prepare(output)
+        return self.sample(self.forward(batch), sampling)
+
+    def prepare(self, output: SchedulerOutput) -> tuple[StepBatch, list[Request]]:
+        """The step as flat lists (what every rank of a sharded model runs) and the requests
+        that sample, in the order of the logits rows."""
         input_ids: list[int] = []
         positions: list[int] = []
         sampling: list[Request] = []
@@ -175,19 +222,36 @@ class ModelRunner:
             if end == request.num_tokens:
                 sampling.append(request)
                 logits_rows.append(len(input_ids) - 1)
+        batch = StepBatch(input_ids, positions, full, sliding, logits_rows, output.block_copies)
+        return batch, sampling
 
-        if self.graphs is not None and self.graphs.can_run(full.spans, len(sampling)):
-            logits = self.graphs.run(input_ids, positions, full.slot_mapping, full.spans)
-        else:
-            logits = self.model(
-                torch.tensor(input_ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                self.kv_caches,
-                self.metadata_builder.build(full, sliding),
-                torch.tensor(logits_rows, dtype=torch.long, device=self.device),
-            )
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Copy the step's partial blocks, then run the model: the logits of `logits_rows`
+        (on a sharded model's other ranks, an (N, 0) tensor: rank 0 gathers them)."""
+        if self.device.type == "cuda":
+            # Per thread: triton launches on the current device, and this is the loop thread.
+            torch.cuda.set_device(self.device)
+        if batch.block_copies:
+            self.copy_blocks(batch.block_copies)
+        full, rows = batch.full, batch.logits_rows
+        if self.graphs is not None and self.graphs.can_run(full.spans, len(rows)):
+            return self.graphs.run(batch.input_ids, batch.positions, full.slot_mapping, full.spans)
+        return self.model(
+            torch.tensor(batch.input_ids, device=self.device),
+            torch.tensor(batch.positions, device=self.device),
+            self.kv_caches,
+            self.metadata_builder.build(full, batch.sliding),
+            torch.tensor(rows, dtype=torch.long, device=self.device),
+        )
+
+    def sample(
+        self, logits: torch.Tensor, sampling: list[Request]
+    ) -> dict[str, int | RequestError]:
+        """Grammar masks, then one token per sampling request (rank 0 only)."""
         if not sampling:
             return {}
+        assert self.structured is not None, "a runner without a structured-output manager"
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
         failed = self.structured.apply(logits, [r.grammar for r in sampling])
         tokens = sample(
@@ -196,6 +260,12 @@ class ModelRunner:
         for row, error in failed.items():
             tokens[row] = error
         return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+
+    def close(self) -> None:
+        """Let go of the KV cache (its memory is freed once nothing else holds it)."""
+        self.kv_caches = []
+        self.kv_cache = self.group_caches = self.state = None
+        self.graphs = None
 
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
