@@ -33,6 +33,10 @@ from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
+from inference.engine.kv.tiers.block_file import BlockLayout
+from inference.engine.kv.tiers.disk_tier import DiskTier
+from inference.engine.kv.tiers.host_tier import HostTier
+from inference.engine.kv.tiers.offloader import KVOffloader
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
 from inference.engine.structured_output.structured_output import StructuredOutputManager
@@ -182,6 +186,7 @@ class LLMEngine:
             max_num_seqs=scheduling.max_num_seqs,
             decode_windows=running.enable_decode_windows,
         )
+        self.offloader = self._kv_offloader(loaded.fingerprint, dtype) if cache.has_tiers else None
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._lock = threading.Condition()
@@ -316,6 +321,7 @@ class LLMEngine:
                 num_junction_checkpoints=cache.num_junction_checkpoints,
                 num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
+                kv_tiers=self.offloader.make_stats() if self.offloader is not None else {},
             )
 
     @property
@@ -359,7 +365,41 @@ class LLMEngine:
             self._shutdown = True
             self._lock.notify()
         self._loop.join(timeout=30)
+        if self.offloader is not None:
+            self.offloader.close()
         self.structured.close()
+
+    def flush_kv_tiers(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every block computed so far is written to the KV tiers (False on
+        timeout; True at once without tiers)."""
+        return self.offloader.flush(timeout) if self.offloader is not None else True
+
+    def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader:
+        """The tiers below the device pool (kv/tiers), for the full-attention group."""
+        cache = self.config.cache
+        if self.runner.state is not None or self.kv_cache_manager.sliding is not None:
+            raise ValueError(
+                f"kv_host_cache_bytes / kv_disk_cache_dir: model {self.config.model} keeps "
+                "sliding-window or compressed state; the KV tiers hold full-attention blocks "
+                "only so far (llama-family models such as SmolLM2)"
+            )
+        layout = BlockLayout(
+            fingerprint, "full", cache.block_size, self.runner.block_shape("full"), str(dtype)[6:]
+        )
+        host = HostTier(cache.kv_host_cache_bytes) if cache.kv_host_cache_bytes else None
+        disk = None
+        if cache.kv_disk_cache_dir is not None:
+            disk = DiskTier(
+                cache.kv_disk_cache_dir, cache.kv_disk_cache_bytes, cache.kv_disk_cache_ttl_s
+            )
+        return KVOffloader(
+            layout,
+            self.kv_cache_manager.coordinator.full,
+            lambda block_ids: self.runner.read_blocks("full", block_ids),
+            lambda block_ids, payload: self.runner.write_blocks("full", block_ids, payload),
+            host=host,
+            disk=disk,
+        )
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
         if not self.config.cache.enable_bounded_replay:
@@ -486,9 +526,14 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One engine step: schedule, execute, update from its output. Returns the requests
         that finished."""
+        offloader = self.offloader
         with self._lock:
+            if offloader is not None:
+                offloader.prepare(self.scheduler.waiting)
             scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
+            if offloader is not None and offloader.is_loading:
+                offloader.wait_for_loads(timeout=0.05)  # only requests waiting for their blocks
             return []
         try:
             sampled = self.runner.execute(scheduler_output)
@@ -498,6 +543,8 @@ class LLMEngine:
                 return self.scheduler.fail_step(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
+            if offloader is not None:  # before finished requests free their blocks
+                offloader.offload(scheduler_output)
             return self.scheduler.update_from_output(scheduler_output, sampled)
 
     def _output(self, request: Request) -> RequestOutput:
