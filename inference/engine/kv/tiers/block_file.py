@@ -95,8 +95,10 @@ def decode_block(
     if version != FORMAT_VERSION:
         raise BlockFileError(f"format version {version}, this engine reads {FORMAT_VERSION}")
     end = _PREFIX.size + header_len
-    if len(raw) != end + layout.num_bytes + _CRC.size:
-        raise BlockFileError(f"{len(raw)} bytes, a block of this layout has a different size")
+    expected_size = end + layout.num_bytes + _CRC.size
+    if len(raw) != expected_size:
+        kind = "truncated" if len(raw) < expected_size else "oversized"
+        raise BlockFileError(f"{kind}: {len(raw)} bytes, a block of this layout has {expected_size}")
     (crc,) = _CRC.unpack_from(raw, len(raw) - _CRC.size)
     if zlib.crc32(memoryview(raw)[: len(raw) - _CRC.size]) != crc:
         raise BlockFileError("checksum mismatch (corrupt)")
