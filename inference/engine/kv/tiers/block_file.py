@@ -98,7 +98,7 @@ def decode_block(
     expected_size = end + layout.num_bytes + _CRC.size
     if len(raw) != expected_size:
         kind = "truncated" if len(raw) < expected_size else "oversized"
-        raise BlockFileError(f"{kind}: {len(raw)} bytes, a block of this layout has {expected_size}")
+        raise BlockFileError(f"{kind}: {len(raw)} bytes, a block of this layout: {expected_size}")
     (crc,) = _CRC.unpack_from(raw, len(raw) - _CRC.size)
     if zlib.crc32(memoryview(raw)[: len(raw) - _CRC.size]) != crc:
         raise BlockFileError("checksum mismatch (corrupt)")
