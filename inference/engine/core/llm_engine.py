@@ -36,7 +36,7 @@ from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.host_tier import HostTier
-from inference.engine.kv.tiers.offloader import KVOffloader
+from inference.engine.kv.tiers.offloader import GroupIO, KVOffloader
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
 from inference.engine.structured_output.structured_output import StructuredOutputManager
@@ -375,31 +375,36 @@ class LLMEngine:
         return self.offloader.flush(timeout) if self.offloader is not None else True
 
     def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader:
-        """The tiers below the device pool (kv/tiers), for the full-attention group."""
+        """The tiers below the device pool (kv/tiers), for every KV cache group."""
         cache = self.config.cache
-        if self.runner.state is not None or self.kv_cache_manager.sliding is not None:
+        if self.runner.state is not None:
             raise ValueError(
-                f"kv_host_cache_bytes / kv_disk_cache_dir: model {self.config.model} keeps "
-                "sliding-window or compressed state; the KV tiers hold full-attention blocks "
-                "only so far (llama-family models such as SmolLM2)"
+                f"kv_host_cache_bytes / kv_disk_cache_dir: model {self.config.model} keeps its "
+                "own compressed state (DeepSeek-V4), which the KV tiers do not store yet; use "
+                "them with llama-family or Gemma 3 models"
             )
-        layout = BlockLayout(
-            fingerprint, "full", cache.block_size, self.runner.block_shape("full"), str(dtype)[6:]
-        )
+
+        def group(name: str) -> GroupIO:
+            shape = self.runner.block_shape(name)
+            layout = BlockLayout(fingerprint, name, cache.block_size, shape, str(dtype)[6:])
+            manager = self.kv_cache_manager.coordinator.full
+            if name == "sliding":
+                manager = self.kv_cache_manager.sliding
+            return GroupIO(
+                layout,
+                manager,
+                lambda block_ids: self.runner.read_blocks(name, block_ids),
+                lambda block_ids, payload: self.runner.write_blocks(name, block_ids, payload),
+            )
+
         host = HostTier(cache.kv_host_cache_bytes) if cache.kv_host_cache_bytes else None
         disk = None
         if cache.kv_disk_cache_dir is not None:
             disk = DiskTier(
                 cache.kv_disk_cache_dir, cache.kv_disk_cache_bytes, cache.kv_disk_cache_ttl_s
             )
-        return KVOffloader(
-            layout,
-            self.kv_cache_manager.coordinator.full,
-            lambda block_ids: self.runner.read_blocks("full", block_ids),
-            lambda block_ids, payload: self.runner.write_blocks("full", block_ids, payload),
-            host=host,
-            disk=disk,
-        )
+        sliding = group("sliding") if self.kv_cache_manager.sliding is not None else None
+        return KVOffloader(group("full"), sliding, host=host, disk=disk)
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
         if not self.config.cache.enable_bounded_replay:

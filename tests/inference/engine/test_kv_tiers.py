@@ -21,7 +21,7 @@ from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import extra_keys, hash_request_blocks
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.tiers.block_file import decode_block, encode_block
-from tests.inference.engine.helpers import smollm2_tokens
+from tests.inference.engine.helpers import ROUNDING, random_tokens, smollm2_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -248,11 +248,47 @@ def test_the_scheduler_skips_a_request_whose_blocks_are_loading():
     assert [s.request.request_id for s in output.scheduled] == ["ready", "loading"]
 
 
-def test_a_sliding_window_model_refuses_tiers_with_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="full-attention blocks only"):
+@pytest.mark.parametrize("interval", [None, 256])
+def test_gemma3_resumes_from_disk_where_the_device_pool_would(tmp_path, interval):
+    """The sliding group's window blocks and checkpoint records go to disk too: a fresh engine
+    resumes at the checkpoint the device pool would have used (block-rounded reuse, the same
+    retention interval) with the same greedy output."""
+    rng = random.Random(51)
+    head = random_tokens(rng, 700)  # longer than the 512-token window
+    first, second = head + random_tokens(rng, 30), head + random_tokens(rng, 25)
+    config = dict(
+        model="gemma3-tiny-random",
+        num_kv_blocks=200,
+        max_num_batched_tokens=256,
+        retention_interval=interval,
+        **ROUNDING,
+    )
+    pool_only = LLMEngine(EngineConfig(**config))
+    try:
+        pool_only.generate([first], GREEDY)
+        from_pool = pool_only.generate([second], GREEDY)[0]
+    finally:
+        pool_only.shutdown()
+    assert from_pool.metrics.num_cached_tokens == (688 if interval is None else 512)
+    writer = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=str(tmp_path)))
+    writer.generate([first], GREEDY)
+    assert writer.flush_kv_tiers()
+    writer.shutdown()
+    reader = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=str(tmp_path)))
+    try:
+        from_disk = reader.generate([second], GREEDY)[0]
+    finally:
+        reader.shutdown()
+    assert from_disk.metrics.num_cached_tokens == from_pool.metrics.num_cached_tokens
+    assert from_disk.metrics.num_cached_tokens_disk == from_pool.metrics.num_cached_tokens
+    assert from_disk.token_ids == from_pool.token_ids
+
+
+def test_deepseek_v4_refuses_tiers_with_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="compressed state"):
         LLMEngine(
             EngineConfig(
-                model="gemma3-tiny-random", num_kv_blocks=64, kv_disk_cache_dir=str(tmp_path)
+                model="deepseek-v4-tiny-random", num_kv_blocks=128, kv_disk_cache_dir=str(tmp_path)
             )
         )
 

@@ -1,7 +1,9 @@
 """The disk tier: one immutable file per block in a directory that many engines (processes,
 machines on a shared mount) read and write without locks.
 
-Layout: <dir>/<layout key>/<first 2 hex of the hash>/<chain hash hex>.kvb (block_file). A file's
+Layout: <dir>/<layout key>/<first 2 hex of the hash>/<chain hash hex>.kvb (block_file); a
+sliding-window group's checkpoint marker (a window kept where that block ends) is <hash>.kvc
+next to its blocks, a small JSON file. A file's
 mtime is its last use: set when written, refreshed on every hit. The sweeper (run by the writer
 thread, at most once a minute) deletes, in this order:
 1. temporary files older than an hour (a writer that died mid-write),
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import time
@@ -37,6 +40,7 @@ from inference.engine.kv.tiers.block_file import (
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".kvb"
+MARKER_SUFFIX = ".kvc"
 STALE_TEMPORARY_S = 3600.0
 # Errors that say the directory cannot take writes (as opposed to one file's bad luck).
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -62,6 +66,41 @@ class DiskTier:
     def path(self, layout: BlockLayout, block_hash: BlockHash) -> str:
         name = block_hash.hex()
         return os.path.join(self.directory, layout.key(), name[:2], name + SUFFIX)
+
+    def marker_path(self, layout: BlockLayout, block_hash: BlockHash) -> str:
+        return self.path(layout, block_hash)[: -len(SUFFIX)] + MARKER_SUFFIX
+
+    def get_marker(self, layout: BlockLayout, block_hash: BlockHash) -> str | None:
+        """The kind of the window checkpoint kept where this block ends, if one was written."""
+        path = self.marker_path(layout, block_hash)
+        try:
+            with open(path, "rb") as f:
+                kind = json.loads(f.read())["kind"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("KV disk tier: %s is unusable (%s); deleted", path, exc)
+            self.stats.num_invalid += 1
+            _unlink(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return str(kind)
+
+    def put_marker(self, layout: BlockLayout, block_hash: BlockHash, kind: str) -> None:
+        if self.stats.writes_disabled:
+            return
+        path = self.marker_path(layout, block_hash)
+        if os.path.exists(path):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomic(path, json.dumps({"kind": kind}).encode())
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                self._disable_writes(exc)
 
     def __contains__(self, key: tuple[BlockLayout, BlockHash]) -> bool:
         return os.path.exists(self.path(*key))
@@ -154,7 +193,7 @@ class DiskTier:
                 info = os.stat(path)
             except OSError:
                 continue
-            if not path.endswith(SUFFIX):
+            if not path.endswith((SUFFIX, MARKER_SUFFIX)):
                 if ".tmp-" in path and now - info.st_mtime > STALE_TEMPORARY_S:
                     _unlink(path)
                 continue

@@ -1,5 +1,6 @@
 """The host-memory tier: blocks' K/V in CPU tensors, least recently used evicted first, under a
-byte budget. Shared by the writer thread (puts) and the load thread (gets): one lock."""
+byte budget, keyed by (KV cache group, chain hash). Shared by the writer thread (puts) and the
+load thread (gets): one lock."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ import torch
 from inference.engine.core.metrics import KVTierStats
 from inference.engine.kv.hashing import BlockHash
 
+HostKey = tuple[str, BlockHash]  # (group, chain hash)
+
 
 class HostTier:
     name = "host"
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._blocks: OrderedDict[BlockHash, tuple[tuple[int, ...], torch.Tensor]] = OrderedDict()
+        self._blocks: OrderedDict[HostKey, tuple[tuple[int, ...], torch.Tensor]] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = KVTierStats(self.name)
 
-    def __contains__(self, block_hash: BlockHash) -> bool:
+    def __contains__(self, block_hash: HostKey) -> bool:
         with self._lock:
             return block_hash in self._blocks
 
@@ -40,7 +43,7 @@ class HostTier:
             self.stats.load_s += time.monotonic() - started
             return entry[1]
 
-    def put(self, block_hash: BlockHash, token_ids: tuple[int, ...], payload: torch.Tensor) -> None:
+    def put(self, block_hash: HostKey, token_ids: tuple[int, ...], payload: torch.Tensor) -> None:
         """Keep a block (its own CPU copy), evicting the least recently used past the budget."""
         if payload.nbytes > self.capacity_bytes:
             return

@@ -3,16 +3,24 @@ step's critical path (vLLM's offloading connector; SGLang HiCache's write-throug
 prefetch).
 
 Writes (write-behind): after a step's forward, the blocks it filled are copied out of the device
-pool in one gather (the only work on the loop thread), and the writer thread puts them in the
-host tier and on disk. A block this engine wrote or loaded recently is not written again.
+pool in one gather per KV cache group (the only work on the loop thread), and the writer thread
+puts them in the host tier and on disk. A block written or loaded lately is not written again.
 
 Loads: a request not yet admitted whose chain goes past the device pool's hits is looked up by
 the load thread, block by block (host, then disk), as far as consecutive blocks are found. The
 request is "loading" meanwhile: the scheduler skips it, and every other request's steps go on.
 Before the next schedule the loop thread installs what was found: fresh pool blocks registered
-under the blocks' chain hashes, their K/V copied in (one scatter). The loaded blocks (and the
-device hits before them) are held until the request is admitted, so the schedule that admits
-it finds them as ordinary prefix-cache hits; then they are released like any cached block.
+under the blocks' chain hashes, their K/V copied in (one scatter per group). The loaded blocks
+(and the device hits before them) are held until the request is admitted, so the schedule that
+admits it finds them as ordinary prefix-cache hits; then they are released like any cached
+block.
+
+Sliding-window models: the sliding group's blocks that a window checkpoint keeps are written
+too, with a marker per checkpoint on a block boundary (the retention grid's; breakpoints and
+junctions inside a block stay in the device pool only). A load then looks, from the end of the
+full chain found back, for the last marked checkpoint whose window blocks the tiers hold, and
+installs them with the checkpoint's record: the request resumes there as it would from the
+device pool, under the same retention rules.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ import torch
 from inference.engine.core.metrics import KVTierStats
 from inference.engine.core.request import Request
 from inference.engine.core.scheduler_output import SchedulerOutput
-from inference.engine.kv.block_pool import KVCacheBlock
+from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager
+from inference.engine.kv.sliding_window_manager import SlidingWindowManager
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.host_tier import HostTier
@@ -42,47 +51,71 @@ logger = logging.getLogger(__name__)
 # Blocks copied out and not written yet: past this, a step's new blocks are not offloaded.
 MAX_PENDING_WRITE_BYTES = 512 << 20
 MAX_KNOWN_HASHES = 1 << 16
+MAX_CHECKPOINT_PROBES = 64  # block boundaries looked at, from the chain's end back
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIO:
+    """One KV cache group as the tiers see it: its block layout, its manager (pool, tables) and
+    the runner's copies of its blocks out of and into the device cache."""
+
+    layout: BlockLayout
+    manager: FullAttentionManager | SlidingWindowManager
+    read_blocks: Callable[[list[int]], torch.Tensor]
+    write_blocks: Callable[[list[int], torch.Tensor], None]
+
+
+@dataclass(slots=True)
+class _WindowLoad:
+    position: int  # the checkpoint (a block boundary)
+    kind: str
+    first_index: int  # the window's first block
+    found: list[tuple[str, torch.Tensor]]  # (tier, K/V) of blocks first_index .. position/B
 
 
 @dataclass(slots=True)
 class _LoadJob:
     request: Request
     first_index: int  # the chain's first block not in the device pool when looked up
-    block_hashes: list[BlockHash]
+    block_hashes: list[BlockHash]  # the request's usable blocks, from 0
     token_ids: list[tuple[int, ...]]
     parents: list[BlockHash | None]
     started: float
-    found: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # (tier, K/V) in order
+    found: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # from first_index on
+    window: _WindowLoad | None = None
 
 
 @dataclass(slots=True)
 class _WriteJob:
+    group: GroupIO
     block_hashes: list[BlockHash]
     token_ids: list[tuple[int, ...]]
     payload: torch.Tensor  # (rows, num_blocks * block_size, n_kv_heads, head_dim), on the CPU
+    markers: list[tuple[BlockHash, str]] = field(default_factory=list)  # after the blocks
 
 
 class KVOffloader:
     def __init__(
         self,
-        layout: BlockLayout,
-        manager: FullAttentionManager,
-        read_blocks: Callable[[list[int]], torch.Tensor],
-        write_blocks: Callable[[list[int], torch.Tensor], None],
+        full: GroupIO,
+        sliding: GroupIO | None = None,
         *,
         host: HostTier | None = None,
         disk: DiskTier | None = None,
     ) -> None:
         assert host is not None or disk is not None, "no tier to offload to"
-        self.layout = layout
-        self.manager = manager
-        self.block_size = layout.block_size
-        self.read_blocks = read_blocks
-        self.write_blocks = write_blocks
+        self.full = full
+        self.sliding = sliding
+        self.manager: FullAttentionManager = full.manager
+        self.block_size = full.layout.block_size
         self.host = host
         self.disk = disk
-        self._known: OrderedDict[BlockHash, None] = OrderedDict()  # written or loaded lately
-        self._held: dict[str, tuple[Request, list[KVCacheBlock]]] = {}
+        if sliding is not None:
+            sliding.manager.new_checkpoints = []
+        self._known: OrderedDict[tuple[str, BlockHash], None] = OrderedDict()
+        # The host tier's checkpoint markers (block hash → kind), bounded like _known.
+        self._markers: OrderedDict[BlockHash, str] = OrderedDict()
+        self._held: dict[str, tuple[Request, list[tuple[BlockPool, list[KVCacheBlock]]]]] = {}
         self._loads: queue.SimpleQueue[_LoadJob | None] = queue.SimpleQueue()
         self._loaded: queue.SimpleQueue[_LoadJob] = queue.SimpleQueue()
         self._num_loading = 0
@@ -96,14 +129,20 @@ class KVOffloader:
         self._loader.start()
         self._writer.start()
 
+    @property
+    def layout(self) -> BlockLayout:
+        """The full-attention group's block layout."""
+        return self.full.layout
+
     # ---- the loop thread, between steps -------------------------------------------------------
 
     def prepare(self, waiting: Iterable[Request]) -> None:
         """Before a schedule: release what admitted requests no longer need held, install the
         loads that finished, and start lookups for requests not looked up yet."""
-        for request_id, (request, blocks) in list(self._held.items()):
+        for request_id, (request, held) in list(self._held.items()):
             if request.num_cached_tokens >= 0 or request.is_finished:
-                self.manager.block_pool.free_blocks(list(reversed(blocks)))
+                for pool, blocks in held:
+                    pool.free_blocks(list(reversed(blocks)))
                 del self._held[request_id]
         while True:
             try:
@@ -129,40 +168,58 @@ class KVOffloader:
     def offload(self, output: SchedulerOutput) -> None:
         """After a step's forward: copy the blocks it filled out of the pool, for the writer."""
         size = self.block_size
-        block_ids, hashes, tokens = [], [], []
+        blocks: list[KVCacheBlock] = []
+        window: list[KVCacheBlock] = []
         for scheduled in output.scheduled:
             request = scheduled.request
             if request.replay_start is not None:  # approximate state: never kept
                 continue
-            computed = min(
-                request.num_computed_tokens + scheduled.num_new_tokens, request.num_tokens
-            )
+            computed = request.num_computed_tokens + scheduled.num_new_tokens
             table = self.manager.req_to_blocks.get(request.request_id, [])
             num_full = min(min(computed, request.num_tokens) // size, len(table))
-            for index in range(request.num_offloaded_blocks, num_full):
-                block = table[index]
-                if block.block_hash is None or block.token_ids is None:
-                    continue
-                if self._remember(block.block_hash):
-                    continue
-                block_ids.append(block.block_id)
-                hashes.append(block.block_hash)
-                tokens.append(block.token_ids)
+            blocks += table[request.num_offloaded_blocks : num_full]
             request.num_offloaded_blocks = max(request.num_offloaded_blocks, num_full)
-        if not block_ids:
+            if self.sliding is not None:  # the window's blocks a checkpoint keeps (hashed)
+                held = self.sliding.manager.req_to_blocks.get(request.request_id, [])
+                window += [b for b in held[:num_full] if not b.is_null]
+        self._offload_group(self.full, blocks, [])
+        if self.sliding is not None:
+            records, self.sliding.manager.new_checkpoints = self.sliding.manager.new_checkpoints, []
+            markers = [(key[0], kind) for key, _, kind in records if key[1] == size]
+            self._offload_group(self.sliding, window, markers)
+
+    def _offload_group(
+        self, group: GroupIO, blocks: list[KVCacheBlock], markers: list[tuple[BlockHash, str]]
+    ) -> None:
+        name = group.layout.group
+        new = [
+            b
+            for b in blocks
+            if b.block_hash is not None
+            and b.token_ids is not None
+            and not self._remember((name, b.block_hash))
+        ]
+        for block_hash, kind in markers:
+            self._markers[block_hash] = kind
+            if len(self._markers) > MAX_KNOWN_HASHES:
+                self._markers.popitem(last=False)
+        if not new and not (markers and self.disk is not None):
             return
-        num_bytes = len(block_ids) * self.layout.num_bytes
+        num_bytes = len(new) * group.layout.num_bytes
         with self._pending:
             if self._pending_bytes + num_bytes > MAX_PENDING_WRITE_BYTES:
-                logger.warning(
-                    "KV tiers: the writer is behind; %d blocks not offloaded", len(block_ids)
-                )
-                for block_hash in hashes:
-                    self._known.pop(block_hash, None)
+                logger.warning("KV tiers: writer behind; %d blocks not offloaded", len(new))
+                for block in new:
+                    self._known.pop((name, block.block_hash), None)
                 return
             self._pending_bytes += num_bytes
             self._pending_jobs += 1
-        self._writes.put(_WriteJob(hashes, tokens, self.read_blocks(block_ids)))
+        ids = [b.block_id for b in new]
+        payload = group.read_blocks(ids) if ids else torch.empty(0)
+        job = _WriteJob(
+            group, [b.block_hash for b in new], [b.token_ids for b in new], payload, markers
+        )
+        self._writes.put(job)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every block copied out so far is written; False on timeout."""
@@ -181,12 +238,12 @@ class KVOffloader:
         tiers = [tier for tier in (self.host, self.disk) if tier is not None]
         return {tier.name: tier.make_stats() for tier in tiers}
 
-    def _remember(self, block_hash: BlockHash) -> bool:
+    def _remember(self, key: tuple[str, BlockHash]) -> bool:
         """Whether the block was written or loaded lately (then it is not written again);
         remembers it either way."""
-        seen = block_hash in self._known
-        self._known[block_hash] = None
-        self._known.move_to_end(block_hash)
+        seen = key in self._known
+        self._known[key] = None
+        self._known.move_to_end(key)
         if len(self._known) > MAX_KNOWN_HASHES:
             self._known.popitem(last=False)
         return seen
@@ -209,9 +266,9 @@ class KVOffloader:
         job = _LoadJob(
             request,
             first,
-            request.block_hashes[first:last],
-            [tuple(tokens[i * size : (i + 1) * size]) for i in range(first, last)],
-            [self.manager.hasher.parent_hash(request, i) for i in range(first, last)],
+            request.block_hashes[:last],
+            [tuple(tokens[i * size : (i + 1) * size]) for i in range(last)],
+            [self.manager.hasher.parent_hash(request, i) for i in range(last)],
             time.monotonic(),
         )
         request.kv_load_state = "loading"
@@ -219,42 +276,69 @@ class KVOffloader:
         self._loads.put(job)
 
     def _install(self, job: _LoadJob) -> None:
-        """Put a finished load's blocks in the pool, held (with the device hits before them)
+        """Put a finished load's blocks in the pools, held (with the device hits before them)
         until the request is admitted."""
         request = job.request
         request.kv_load_state = "done"
-        pool = self.manager.block_pool
         chain = self.manager.live_chain(request)
         if request.is_finished or not job.found or len(chain) < job.first_index:
             request.kv_load_s = time.monotonic() - job.started
             return
-        # Hold the device hits first: taking fresh blocks must not evict them.
         num_chain = min(len(chain), job.first_index + len(job.found))
-        held = list(chain[:num_chain])
-        pool.touch(held)
-        block_ids, payloads, spans = [], [], []
-        for offset in range(num_chain - job.first_index, len(job.found)):
-            tier, payload = job.found[offset]
-            if pool.num_free_blocks <= pool.num_blocks // 4:  # leave room for running requests
-                break
-            (block,) = pool.get_new_blocks(1)
-            pool.cache_block(
-                block, job.block_hashes[offset], job.token_ids[offset], job.parents[offset]
-            )
-            held.append(block)
-            block_ids.append(block.block_id)
-            payloads.append(payload)
-            self._remember(job.block_hashes[offset])
-            start = (job.first_index + offset) * self.block_size
-            if spans and spans[-1][2] == tier and spans[-1][1] == start:
-                spans[-1] = (spans[-1][0], start + self.block_size, tier)
-            else:
-                spans.append((start, start + self.block_size, tier))
-        if block_ids:
-            self.write_blocks(block_ids, torch.cat(payloads, dim=1))
+        # Hold the device hits first: taking fresh blocks must not evict them.
+        self.manager.block_pool.touch(chain[:num_chain])
+        start = num_chain - job.first_index
+        installed, spans = self._put(self.full, job, job.first_index + start, job.found[start:])
+        held = [(self.manager.block_pool, chain[:num_chain] + installed)]
+        window = job.window
+        if window is not None and window.position // self.block_size <= num_chain + len(installed):
+            blocks, _ = self._put(self.sliding, job, window.first_index, window.found, hits=True)
+            held.append((self.sliding.manager.block_pool, blocks))
+            if len(blocks) == len(window.found):
+                key = (job.block_hashes[window.position // self.block_size - 1], self.block_size)
+                self.sliding.manager.record_checkpoint(key, window.position, window.kind)
         self._held[request.request_id] = (request, held)
         request.kv_loaded_spans = spans
         request.kv_load_s = time.monotonic() - job.started
+
+    def _put(
+        self,
+        group: GroupIO,
+        job: _LoadJob,
+        first_index: int,
+        found: list[tuple[str, torch.Tensor]],
+        hits: bool = False,
+    ) -> tuple[list[KVCacheBlock], list[tuple[int, int, str]]]:
+        """Install `found` (blocks first_index on) in the group's pool, as far as room allows
+        (with `hits`, blocks the pool already holds are taken as they are); returns the blocks,
+        each with one reference, and the token spans by tier."""
+        pool = group.manager.block_pool
+        size = self.block_size
+        blocks, block_ids, payloads, spans = [], [], [], []
+        for offset, (tier, payload) in enumerate(found):
+            index = first_index + offset
+            block_hash, tokens = job.block_hashes[index], job.token_ids[index]
+            cached = pool.get_cached_block(block_hash, tokens) if hits else None
+            if cached is not None:
+                pool.touch([cached])
+                blocks.append(cached)
+                continue
+            if pool.num_free_blocks <= pool.num_blocks // 4:  # leave room for running requests
+                break
+            (block,) = pool.get_new_blocks(1)
+            pool.cache_block(block, block_hash, tokens, job.parents[index])
+            blocks.append(block)
+            block_ids.append(block.block_id)
+            payloads.append(payload)
+            self._remember((group.layout.group, block_hash))
+            start = index * size
+            if spans and spans[-1][2] == tier and spans[-1][1] == start:
+                spans[-1] = (spans[-1][0], start + size, tier)
+            else:
+                spans.append((start, start + size, tier))
+        if block_ids:
+            group.write_blocks(block_ids, torch.cat(payloads, dim=1))
+        return blocks, spans
 
     # ---- the load thread ----------------------------------------------------------------------
 
@@ -264,23 +348,61 @@ class KVOffloader:
                 self._load(job)
             except Exception:  # a bug must not leave the request loading forever
                 logger.exception("KV tiers: loading request %s failed", job.request.request_id)
-                job.found = []
+                job.found, job.window = [], None
             self._loaded.put(job)
             self._load_done.set()
 
     def _load(self, job: _LoadJob) -> None:
-        for block_hash, token_ids in zip(job.block_hashes, job.token_ids, strict=True):
-            tier, payload = "host", None
-            if self.host is not None:
-                payload = self.host.get(block_hash, token_ids)
-            if payload is None and self.disk is not None:
-                tier = "disk"
-                payload = self.disk.get(self.layout, block_hash, token_ids)
-                if payload is not None and self.host is not None:
-                    self.host.put(block_hash, token_ids, payload)
-            if payload is None:
-                return
-            job.found.append((tier, payload))
+        for index in range(job.first_index, len(job.block_hashes)):
+            found = self._get(self.full, job.block_hashes[index], job.token_ids[index])
+            if found is None:
+                break
+            job.found.append(found)
+        if self.sliding is not None and job.found:
+            job.window = self._load_window(job)
+
+    def _load_window(self, job: _LoadJob) -> _WindowLoad | None:
+        """The last marked checkpoint within the chain whose window blocks the tiers hold."""
+        size = self.block_size
+        manager: SlidingWindowManager = self.sliding.manager
+        end = job.first_index + len(job.found)
+        for num in range(end, max(end - MAX_CHECKPOINT_PROBES, 0), -1):
+            kind = self._marker(job.block_hashes[num - 1])
+            if kind is None:
+                continue
+            first = manager.first_needed_block(num * size)
+            found = []
+            for index in range(first, num):
+                got = self._get(self.sliding, job.block_hashes[index], job.token_ids[index])
+                if got is None:
+                    break
+                found.append(got)
+            if len(found) == num - first:
+                return _WindowLoad(num * size, kind, first, found)
+        return None
+
+    def _marker(self, block_hash: BlockHash) -> str | None:
+        kind = self._markers.get(block_hash)
+        if kind is None and self.disk is not None:
+            kind = self.disk.get_marker(self.sliding.layout, block_hash)
+        return kind
+
+    def _get(
+        self, group: GroupIO, block_hash: BlockHash, token_ids: tuple[int, ...]
+    ) -> tuple[str, torch.Tensor] | None:
+        """(tier, K/V) of a block from host memory, else disk (then kept in host memory too)."""
+        key = (group.layout.group, block_hash)
+        if self.host is not None:
+            payload = self.host.get(key, token_ids)
+            if payload is not None:
+                return "host", payload
+        if self.disk is not None:
+            payload = self.disk.get(group.layout, block_hash, token_ids)
+            if payload is not None:
+                if self.host is not None:
+                    self.host.put(key, token_ids, payload)
+                return "disk", payload
+        return None
 
     # ---- the writer thread --------------------------------------------------------------------
 
@@ -293,19 +415,22 @@ class KVOffloader:
             except Exception:
                 logger.exception("KV tiers: writing %d blocks failed", len(job.block_hashes))
             with self._pending:
-                self._pending_bytes -= len(job.block_hashes) * self.layout.num_bytes
+                self._pending_bytes -= len(job.block_hashes) * job.group.layout.num_bytes
                 self._pending_jobs -= 1
                 self._pending.notify_all()
 
     def _write(self, job: _WriteJob) -> None:
         size = self.block_size
+        layout = job.group.layout
         for index, (block_hash, token_ids) in enumerate(
             zip(job.block_hashes, job.token_ids, strict=True)
         ):
             payload = job.payload[:, index * size : (index + 1) * size].clone()
             if self.host is not None:
-                self.host.put(block_hash, token_ids, payload)
+                self.host.put((layout.group, block_hash), token_ids, payload)
             if self.disk is not None:
-                self.disk.put(self.layout, block_hash, token_ids, payload)
+                self.disk.put(layout, block_hash, token_ids, payload)
         if self.disk is not None:
+            for block_hash, kind in job.markers:  # after the window's blocks
+                self.disk.put_marker(layout, block_hash, kind)
             self.disk.maybe_sweep()
