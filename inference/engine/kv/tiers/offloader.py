@@ -258,8 +258,8 @@ class KVOffloader:
         # Blocks wholly before the last prompt token (its logits are always computed).
         usable = min((request.num_tokens - 1) // size, len(request.block_hashes))
         first = len(self.manager.live_chain(request))
-        # A load may take at most half the pool: others need room too.
-        last = min(usable, first + self.manager.block_pool.num_blocks // 2)
+        # A load may take at most three quarters of the pool: others need room too.
+        last = min(usable, first + self.manager.block_pool.num_blocks * 3 // 4)
         if first >= last:
             return
         tokens = request.all_token_ids
