@@ -16,7 +16,9 @@ With `--fanout` it runs N requests sharing an uncached head at once, with one pr
 shared head on and off (see fanout).
 
 With `--tiers` it times the first token of a prompt whose head is cold, on disk, in host
-memory or in the device pool (see tiers; --head-tokens, --tail-tokens, --repeats).
+memory or in the device pool (see tiers; --head-tokens, --tail-tokens, --repeats). With
+`--restart` it runs the town's restart story: tick 2 after a worker restart, with the disk tier
+and without, beside an engine that never stopped (see restart; --requests residents).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.report import format_table, summarize, to_json
+from inference.engine.bench.restart import restart_main
 from inference.engine.bench.results import RunResult
 from inference.engine.bench.retention_sweep import (
     format_sweep,
@@ -120,6 +123,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "pool (default head 1500, tail 500)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="--tiers: repetitions")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="tick 2's hit rate and median e2e after a worker restart, disk tier on and off, "
+        "beside an engine that never stopped (--requests residents)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
@@ -166,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]
     if args.fanout:
         return _fanout_main(args, started, load_at_start)
+    if args.restart:
+        command = " ".join(["python -m inference.engine.bench", *args.argv])
+        meta = dict(command=command, started=started, load_at_start=load_at_start)
+        return restart_main(args, {**meta, "cpu": _cpu_model()})
     if args.tiers:
         command = " ".join(["python -m inference.engine.bench", *args.argv])
         meta = dict(command=command, started=started, load_at_start=load_at_start)

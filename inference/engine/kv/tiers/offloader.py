@@ -119,6 +119,11 @@ class KVOffloader:
         self._loads: queue.SimpleQueue[_LoadJob | None] = queue.SimpleQueue()
         self._loaded: queue.SimpleQueue[_LoadJob] = queue.SimpleQueue()
         self._num_loading = 0
+        # Blocks an in-flight load fetches; requests whose chain continues into one of them wait
+        # for it (then look up again from the device pool), so a head is read once, not once
+        # per request that arrives with it.
+        self._loading_hashes: set[BlockHash] = set()
+        self._waiters: list[Request] = []
         self._load_done = threading.Event()
         self._writes: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
         self._pending = threading.Condition()
@@ -150,14 +155,18 @@ class KVOffloader:
             except queue.Empty:
                 break
             self._num_loading -= 1
+            self._loading_hashes.difference_update(job.block_hashes[job.first_index :])
             self._install(job)
+        waiters, self._waiters = self._waiters, []
+        for request in waiters:
+            request.kv_load_state = "new"  # looked up again below, past what was loaded
         for request in waiting:
             if request.kv_load_state == "new":
                 self._look_up(request)
 
     @property
     def is_loading(self) -> bool:
-        return self._num_loading > 0
+        return self._num_loading > 0 or bool(self._waiters)
 
     def wait_for_loads(self, timeout: float) -> None:
         """Block until a load finishes (or `timeout`): the loop's wait when only loading
@@ -251,7 +260,11 @@ class KVOffloader:
     def _look_up(self, request: Request) -> None:
         """Start loading the request's chain past the device pool's hits, if it has any."""
         request.kv_load_state = "done"
-        if request.num_cached_tokens >= 0 or request.replay_start is not None:
+        if (
+            request.num_cached_tokens >= 0
+            or request.replay_start is not None
+            or request.is_finished
+        ):
             return
         self.manager.hasher.update(request)
         size = self.block_size
@@ -261,6 +274,10 @@ class KVOffloader:
         # A load may take at most three quarters of the pool: others need room too.
         last = min(usable, first + self.manager.block_pool.num_blocks * 3 // 4)
         if first >= last:
+            return
+        if request.block_hashes[first] in self._loading_hashes:
+            request.kv_load_state = "loading"
+            self._waiters.append(request)
             return
         tokens = request.all_token_ids
         job = _LoadJob(
@@ -273,6 +290,7 @@ class KVOffloader:
         )
         request.kv_load_state = "loading"
         self._num_loading += 1
+        self._loading_hashes.update(job.block_hashes[first:])
         self._loads.put(job)
 
     def _install(self, job: _LoadJob) -> None:
