@@ -146,3 +146,14 @@ def test_an_unwritable_directory_disables_writes_once_and_reads_go_on(tmp_path, 
         for sub in [tmp_path, *tmp_path.rglob("*")]:
             if sub.is_dir():
                 os.chmod(sub, 0o755)
+
+
+def test_a_bfloat16_block_round_trips_bit_for_bit():
+    """The CUDA path's dtype: the bytes are stored as they are, whatever the dtype."""
+    layout = dataclasses.replace(LAYOUT, dtype="bfloat16")
+    block_hash, tokens, payload = block(3)
+    payload = (payload / 7).to(torch.bfloat16)
+    _, got = decode_block(layout, block_hash, encode_block(layout, block_hash, tokens, payload))
+    assert got.dtype == torch.bfloat16 and torch.equal(
+        got.view(torch.int16), payload.view(torch.int16)
+    )
