@@ -313,3 +313,25 @@ def test_smollm2_resumes_a_head_from_disk_with_the_same_greedy_output(tmp_path):
         assert out.token_ids == expected
     finally:
         reader.shutdown()
+
+
+def test_requests_arriving_together_with_one_head_read_it_from_disk_once(tmp_path, reference):
+    rng = random.Random(61)
+    head = smollm2_tokens(rng, 160)
+    tick1 = [head + smollm2_tokens(rng, 40) for _ in range(3)]
+    tick2 = [prompt + smollm2_tokens(rng, 5) for prompt in tick1]
+    writer = make(tmp_path)
+    writer.generate(tick1, GREEDY)
+    assert writer.flush_kv_tiers()
+    writer.shutdown()
+    reader = make(tmp_path)
+    try:
+        outputs = reader.generate(tick2, GREEDY)
+        stats = reader.stats().kv_tiers["disk"]
+    finally:
+        reader.shutdown()
+    # Each prompt's 12 full blocks: the head's 10 read once, then each request's own 2.
+    assert [o.metrics.num_cached_tokens for o in outputs] == [192, 192, 192]
+    assert sum(o.metrics.num_cached_tokens_disk for o in outputs) == 160 + 3 * 32
+    assert stats.num_hits == 10 + 3 * 2
+    assert [o.token_ids for o in outputs] == [reference(p) for p in tick2]
