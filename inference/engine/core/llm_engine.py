@@ -35,8 +35,9 @@ from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
+from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
-from inference.engine.kv.tiers.offloader import GroupIO, KVOffloader
+from inference.engine.kv.tiers.offloader import KVOffloader
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
 from inference.engine.structured_output.structured_output import StructuredOutputManager

@@ -4,16 +4,18 @@ prefetch).
 
 Writes (write-behind): after a step's forward, the blocks it filled are copied out of the device
 pool in one gather per KV cache group (the only work on the loop thread), and the writer thread
-puts them in the host tier and on disk. A block written or loaded lately is not written again.
+(writer.py) puts them in the host tier and on disk. A block written or loaded lately is not
+written again.
 
-Loads: a request not yet admitted whose chain goes past the device pool's hits is looked up by
-the load thread, block by block (host, then disk), as far as consecutive blocks are found. The
-request is "loading" meanwhile: the scheduler skips it, and every other request's steps go on.
-Before the next schedule the loop thread installs what was found: fresh pool blocks registered
-under the blocks' chain hashes, their K/V copied in (one scatter per group). The loaded blocks
-(and the device hits before them) are held until the request is admitted, so the schedule that
-admits it finds them as ordinary prefix-cache hits; then they are released like any cached
-block.
+Loads: a request not yet admitted whose chain goes past the device pool's hits is looked up
+by the load thread (loader.py), block by block (host, then disk), as far as consecutive blocks
+are found. The request is "loading" meanwhile: the scheduler skips it, and every other
+request's steps go on. Before the next schedule the loop thread installs what was found: fresh
+pool blocks registered under the blocks' chain hashes, their K/V copied in (one scatter per
+group). The loaded blocks (and the device hits before them) are held until the request is
+admitted, so the schedule that admits it finds them as ordinary prefix-cache hits; then they
+are released like any cached block. Requests whose chain continues into blocks a load is
+already fetching wait for it, so a head that arrives with several requests is read once.
 
 Sliding-window models: the sliding group's blocks that a window checkpoint keeps are written
 too, with a marker per checkpoint on a block boundary (the retention grid's; breakpoints and
@@ -27,11 +29,9 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 import torch
 
@@ -41,57 +41,16 @@ from inference.engine.core.scheduler_output import SchedulerOutput
 from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager
-from inference.engine.kv.sliding_window_manager import SlidingWindowManager
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
+from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
+from inference.engine.kv.tiers.loader import LoadJob, TierLoader
+from inference.engine.kv.tiers.writer import TierWriter, WriteJob
 
 logger = logging.getLogger(__name__)
 
-# Blocks copied out and not written yet: past this, a step's new blocks are not offloaded.
-MAX_PENDING_WRITE_BYTES = 512 << 20
 MAX_KNOWN_HASHES = 1 << 16
-MAX_CHECKPOINT_PROBES = 64  # block boundaries looked at, from the chain's end back
-
-
-@dataclass(frozen=True, slots=True)
-class GroupIO:
-    """One KV cache group as the tiers see it: its block layout, its manager (pool, tables) and
-    the runner's copies of its blocks out of and into the device cache."""
-
-    layout: BlockLayout
-    manager: FullAttentionManager | SlidingWindowManager
-    read_blocks: Callable[[list[int]], torch.Tensor]
-    write_blocks: Callable[[list[int], torch.Tensor], None]
-
-
-@dataclass(slots=True)
-class _WindowLoad:
-    position: int  # the checkpoint (a block boundary)
-    kind: str
-    first_index: int  # the window's first block
-    found: list[tuple[str, torch.Tensor]]  # (tier, K/V) of blocks first_index .. position/B
-
-
-@dataclass(slots=True)
-class _LoadJob:
-    request: Request
-    first_index: int  # the chain's first block not in the device pool when looked up
-    block_hashes: list[BlockHash]  # the request's usable blocks, from 0
-    token_ids: list[tuple[int, ...]]
-    parents: list[BlockHash | None]
-    started: float
-    found: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # from first_index on
-    window: _WindowLoad | None = None
-
-
-@dataclass(slots=True)
-class _WriteJob:
-    group: GroupIO
-    block_hashes: list[BlockHash]
-    token_ids: list[tuple[int, ...]]
-    payload: torch.Tensor  # (rows, num_blocks * block_size, n_kv_heads, head_dim), on the CPU
-    markers: list[tuple[BlockHash, str]] = field(default_factory=list)  # after the blocks
 
 
 class KVOffloader:
@@ -116,23 +75,14 @@ class KVOffloader:
         # The host tier's checkpoint markers (block hash → kind), bounded like _known.
         self._markers: OrderedDict[BlockHash, str] = OrderedDict()
         self._held: dict[str, tuple[Request, list[tuple[BlockPool, list[KVCacheBlock]]]]] = {}
-        self._loads: queue.SimpleQueue[_LoadJob | None] = queue.SimpleQueue()
-        self._loaded: queue.SimpleQueue[_LoadJob] = queue.SimpleQueue()
         self._num_loading = 0
         # Blocks an in-flight load fetches; requests whose chain continues into one of them wait
         # for it (then look up again from the device pool), so a head is read once, not once
         # per request that arrives with it.
         self._loading_hashes: set[BlockHash] = set()
         self._waiters: list[Request] = []
-        self._load_done = threading.Event()
-        self._writes: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
-        self._pending = threading.Condition()
-        self._pending_bytes = 0
-        self._pending_jobs = 0
-        self._loader = threading.Thread(target=self._load_loop, name="kv-tier-load", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name="kv-tier-write", daemon=True)
-        self._loader.start()
-        self._writer.start()
+        self._loader = TierLoader(full, sliding, host, disk, self._markers)
+        self._writer = TierWriter(host, disk)
 
     @property
     def layout(self) -> BlockLayout:
@@ -151,7 +101,7 @@ class KVOffloader:
                 del self._held[request_id]
         while True:
             try:
-                job = self._loaded.get_nowait()
+                job = self._loader.finished.get_nowait()
             except queue.Empty:
                 break
             self._num_loading -= 1
@@ -171,8 +121,8 @@ class KVOffloader:
     def wait_for_loads(self, timeout: float) -> None:
         """Block until a load finishes (or `timeout`): the loop's wait when only loading
         requests are left."""
-        self._load_done.wait(timeout)
-        self._load_done.clear()
+        self._loader.done.wait(timeout)
+        self._loader.done.clear()
 
     def offload(self, output: SchedulerOutput) -> None:
         """After a step's forward: copy the blocks it filled out of the pool, for the writer."""
@@ -214,34 +164,24 @@ class KVOffloader:
                 self._markers.popitem(last=False)
         if not new and not (markers and self.disk is not None):
             return
-        num_bytes = len(new) * group.layout.num_bytes
-        with self._pending:
-            if self._pending_bytes + num_bytes > MAX_PENDING_WRITE_BYTES:
-                logger.warning("KV tiers: writer behind; %d blocks not offloaded", len(new))
-                for block in new:
-                    self._known.pop((name, block.block_hash), None)
-                return
-            self._pending_bytes += num_bytes
-            self._pending_jobs += 1
+        if not self._writer.reserve(len(new) * group.layout.num_bytes):
+            logger.warning("KV tiers: writer behind; %d blocks not offloaded", len(new))
+            for block in new:
+                self._known.pop((name, block.block_hash), None)
+            return
         ids = [b.block_id for b in new]
         payload = group.read_blocks(ids) if ids else torch.empty(0)
-        job = _WriteJob(
-            group, [b.block_hash for b in new], [b.token_ids for b in new], payload, markers
-        )
-        self._writes.put(job)
+        hashes, tokens = [b.block_hash for b in new], [b.token_ids for b in new]
+        self._writer.put(WriteJob(group, hashes, tokens, payload, markers))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every block copied out so far is written; False on timeout."""
-        with self._pending:
-            return self._pending.wait_for(lambda: self._pending_jobs == 0, timeout)
+        return self._writer.flush(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the writes queued (bounded by `timeout`), then stop both threads."""
-        self.flush(timeout)
-        self._writes.put(None)
-        self._loads.put(None)
-        self._writer.join(timeout)
-        self._loader.join(timeout)
+        self._writer.close(timeout)
+        self._loader.close(timeout)
 
     def make_stats(self) -> dict[str, KVTierStats]:
         tiers = [tier for tier in (self.host, self.disk) if tier is not None]
@@ -280,7 +220,7 @@ class KVOffloader:
             self._waiters.append(request)
             return
         tokens = request.all_token_ids
-        job = _LoadJob(
+        job = LoadJob(
             request,
             first,
             request.block_hashes[:last],
@@ -291,9 +231,9 @@ class KVOffloader:
         request.kv_load_state = "loading"
         self._num_loading += 1
         self._loading_hashes.update(job.block_hashes[first:])
-        self._loads.put(job)
+        self._loader.put(job)
 
-    def _install(self, job: _LoadJob) -> None:
+    def _install(self, job: LoadJob) -> None:
         """Put a finished load's blocks in the pools, held (with the device hits before them)
         until the request is admitted."""
         request = job.request
@@ -322,7 +262,7 @@ class KVOffloader:
     def _put(
         self,
         group: GroupIO,
-        job: _LoadJob,
+        job: LoadJob,
         first_index: int,
         found: list[tuple[str, torch.Tensor]],
         hits: bool = False,
@@ -357,98 +297,3 @@ class KVOffloader:
         if block_ids:
             group.write_blocks(block_ids, torch.cat(payloads, dim=1))
         return blocks, spans
-
-    # ---- the load thread ----------------------------------------------------------------------
-
-    def _load_loop(self) -> None:
-        while (job := self._loads.get()) is not None:
-            try:
-                self._load(job)
-            except Exception:  # a bug must not leave the request loading forever
-                logger.exception("KV tiers: loading request %s failed", job.request.request_id)
-                job.found, job.window = [], None
-            self._loaded.put(job)
-            self._load_done.set()
-
-    def _load(self, job: _LoadJob) -> None:
-        for index in range(job.first_index, len(job.block_hashes)):
-            found = self._get(self.full, job.block_hashes[index], job.token_ids[index])
-            if found is None:
-                break
-            job.found.append(found)
-        if self.sliding is not None and job.found:
-            job.window = self._load_window(job)
-
-    def _load_window(self, job: _LoadJob) -> _WindowLoad | None:
-        """The last marked checkpoint within the chain whose window blocks the tiers hold."""
-        size = self.block_size
-        manager: SlidingWindowManager = self.sliding.manager
-        end = job.first_index + len(job.found)
-        for num in range(end, max(end - MAX_CHECKPOINT_PROBES, 0), -1):
-            kind = self._marker(job.block_hashes[num - 1])
-            if kind is None:
-                continue
-            first = manager.first_needed_block(num * size)
-            found = []
-            for index in range(first, num):
-                got = self._get(self.sliding, job.block_hashes[index], job.token_ids[index])
-                if got is None:
-                    break
-                found.append(got)
-            if len(found) == num - first:
-                return _WindowLoad(num * size, kind, first, found)
-        return None
-
-    def _marker(self, block_hash: BlockHash) -> str | None:
-        kind = self._markers.get(block_hash)
-        if kind is None and self.disk is not None:
-            kind = self.disk.get_marker(self.sliding.layout, block_hash)
-        return kind
-
-    def _get(
-        self, group: GroupIO, block_hash: BlockHash, token_ids: tuple[int, ...]
-    ) -> tuple[str, torch.Tensor] | None:
-        """(tier, K/V) of a block from host memory, else disk (then kept in host memory too)."""
-        key = (group.layout.group, block_hash)
-        if self.host is not None:
-            payload = self.host.get(key, token_ids)
-            if payload is not None:
-                return "host", payload
-        if self.disk is not None:
-            payload = self.disk.get(group.layout, block_hash, token_ids)
-            if payload is not None:
-                if self.host is not None:
-                    self.host.put(key, token_ids, payload)
-                return "disk", payload
-        return None
-
-    # ---- the writer thread --------------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        if self.disk is not None:
-            self.disk.maybe_sweep()
-        while (job := self._writes.get()) is not None:
-            try:
-                self._write(job)
-            except Exception:
-                logger.exception("KV tiers: writing %d blocks failed", len(job.block_hashes))
-            with self._pending:
-                self._pending_bytes -= len(job.block_hashes) * job.group.layout.num_bytes
-                self._pending_jobs -= 1
-                self._pending.notify_all()
-
-    def _write(self, job: _WriteJob) -> None:
-        size = self.block_size
-        layout = job.group.layout
-        for index, (block_hash, token_ids) in enumerate(
-            zip(job.block_hashes, job.token_ids, strict=True)
-        ):
-            payload = job.payload[:, index * size : (index + 1) * size].clone()
-            if self.host is not None:
-                self.host.put((layout.group, block_hash), token_ids, payload)
-            if self.disk is not None:
-                self.disk.put(layout, block_hash, token_ids, payload)
-        if self.disk is not None:
-            for block_hash, kind in job.markers:  # after the window's blocks
-                self.disk.put_marker(layout, block_hash, kind)
-            self.disk.maybe_sweep()
