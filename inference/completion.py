@@ -101,6 +101,11 @@ class CompletionMetrics:
     num_cold_tokens: int | None = None
     reuse_source: str | None = None
     num_replayed_tokens: int | None = None  # DeepSeek-V4's bounded replay (approximate)
+    # Of num_cached_tokens, those loaded from the engine's host-memory and disk KV tiers, and
+    # the time the request waited for them (the engine's only).
+    num_cached_tokens_host: int | None = None
+    num_cached_tokens_disk: int | None = None
+    kv_load_s: float | None = None
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -125,6 +130,9 @@ class CompletionMetrics:
             num_cold_tokens=metrics.num_cold_tokens,
             reuse_source=metrics.reuse_source,
             num_replayed_tokens=metrics.num_replayed_tokens,
+            num_cached_tokens_host=metrics.num_cached_tokens_host,
+            num_cached_tokens_disk=metrics.num_cached_tokens_disk,
+            kv_load_s=metrics.kv_load_s,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -149,6 +157,9 @@ class CompletionMetrics:
             "num_cold_tokens": self.num_cold_tokens,
             "reuse_source": self.reuse_source,
             "num_replayed_tokens": self.num_replayed_tokens,
+            "num_cached_tokens_host": self.num_cached_tokens_host,
+            "num_cached_tokens_disk": self.num_cached_tokens_disk,
+            "kv_load_s": self.kv_load_s,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -178,6 +189,9 @@ class CompletionMetrics:
             num_cold_tokens=data.get("num_cold_tokens"),
             reuse_source=data.get("reuse_source"),
             num_replayed_tokens=data.get("num_replayed_tokens"),
+            num_cached_tokens_host=data.get("num_cached_tokens_host"),
+            num_cached_tokens_disk=data.get("num_cached_tokens_disk"),
+            kv_load_s=data.get("kv_load_s"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

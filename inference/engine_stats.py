@@ -20,6 +20,7 @@ import redis
 from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from inference.engine.core.metrics import EngineStats
 from inference.runtime import engine_get, engine_is_loaded
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,27 @@ COUNTERS = {
 # field becomes pokomachi:engine_lost_prompt_tokens_total{reason="<why>"} (none exist yet on this
 # branch; the per-request ones are pokomachi:lost_prompt_tokens_total in inference/metrics.py).
 LOST_PREFIX = "num_lost_to_"
+# The KV tiers below the device pool (EngineStats.kv_tiers): each tier's counters are flattened
+# into the snapshot as `kv_tier:<tier>:<field>` and exposed one family per field, label `tier`.
+TIER_PREFIX = "kv_tier:"
+TIER_COUNTERS = {
+    "num_hits": ("pokomachi:kv_tier_hits", "Blocks found in a KV tier."),
+    "num_misses": ("pokomachi:kv_tier_misses", "Blocks looked up in a KV tier and not found."),
+    "bytes_read": ("pokomachi:kv_tier_read_bytes", "Bytes read from a KV tier."),
+    "bytes_written": ("pokomachi:kv_tier_written_bytes", "Bytes written to a KV tier."),
+    "load_s": ("pokomachi:kv_tier_load_seconds", "Time spent reading blocks from a KV tier."),
+    "num_evictions": (
+        "pokomachi:kv_tier_evictions", "Blocks a KV tier evicted for room (its byte budget)."),
+    "num_expired": ("pokomachi:kv_tier_expired", "Blocks the disk tier deleted past their TTL."),
+    "num_invalid": (
+        "pokomachi:kv_tier_invalid", "Damaged, foreign or old-version block files deleted."),
+}  # fmt: skip
+TIER_GAUGES = {
+    "num_blocks": ("pokomachi:kv_tier_blocks", "Blocks a KV tier holds."),
+    "bytes_used": ("pokomachi:kv_tier_used_bytes", "Bytes a KV tier holds."),
+    "writes_disabled": (
+        "pokomachi:kv_tier_writes_disabled", "1 when the disk tier's directory cannot be written."),
+}  # fmt: skip
 LOST = ("pokomachi:engine_lost_prompt_tokens", "Prompt tokens the engine could not reuse, by why.")
 
 
@@ -52,8 +74,16 @@ def _key_prefix() -> str:
 
 def engine_stats_snapshot() -> dict[str, float]:
     """This process's engine stats as flat numbers (the engine must be loaded)."""
-    stats = engine_get().stats()
+    return stats_snapshot(engine_get().stats())
+
+
+def stats_snapshot(stats: EngineStats) -> dict[str, float]:
+    """EngineStats as flat numbers: its numeric fields, and each KV tier's as
+    `kv_tier:<tier>:<field>`."""
     fields = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    for tier, tier_stats in stats.kv_tiers.items():
+        for f in dataclasses.fields(tier_stats):
+            fields[f"{TIER_PREFIX}{tier}:{f.name}"] = getattr(tier_stats, f.name)
     return {k: float(v) for k, v in fields.items() if isinstance(v, int | float)}
 
 
@@ -134,6 +164,14 @@ class EngineStatsCollector:
         gauges = {f: GaugeMetricFamily(n, h, labels=labels) for f, (n, h) in GAUGES.items()}
         counters = {f: CounterMetricFamily(n, h, labels=labels) for f, (n, h) in COUNTERS.items()}
         lost = CounterMetricFamily(*LOST, labels=[*labels, "reason"])
+        tier_labels = [*labels, "tier"]
+        tiers = {
+            **{
+                f: CounterMetricFamily(n, h, labels=tier_labels)
+                for f, (n, h) in TIER_COUNTERS.items()
+            },
+            **{f: GaugeMetricFamily(n, h, labels=tier_labels) for f, (n, h) in TIER_GAUGES.items()},
+        }
         for engine_name, snapshot in sorted(snapshots.items()):
             values = [engine_name, snapshot.get("model_name", "")]
             for name, family in [*gauges.items(), *counters.items()]:
@@ -142,6 +180,11 @@ class EngineStatsCollector:
             for name, value in snapshot.items():
                 if name.startswith(LOST_PREFIX):
                     lost.add_metric([*values, name.removeprefix(LOST_PREFIX)], float(value))
+                if name.startswith(TIER_PREFIX):
+                    tier, _, field = name.removeprefix(TIER_PREFIX).partition(":")
+                    if field in tiers:
+                        tiers[field].add_metric([*values, tier], float(value))
         yield from gauges.values()
         yield from counters.values()
         yield lost
+        yield from tiers.values()

@@ -77,6 +77,16 @@ COUNTERS: dict[str, tuple[str, Any]] = {
         lambda m: m.num_cached_tokens),
     "vllm:num_preemptions": (
         "Cumulative number of preemption from the engine.", lambda m: m.num_preemptions),
+    # Of the prefix-cache hits, the tokens loaded from the KV tiers below the device pool.
+    "pokomachi:prefix_cache_hits_host": (
+        "Prefix cache hits loaded from the host-memory KV tier, in tokens.",
+        lambda m: m.num_cached_tokens_host),
+    "pokomachi:prefix_cache_hits_disk": (
+        "Prefix cache hits loaded from the disk KV tier, in tokens.",
+        lambda m: m.num_cached_tokens_disk),
+    "pokomachi:kv_load_seconds": (
+        "Time requests waited for their blocks from the KV tiers, in seconds.",
+        lambda m: m.kv_load_s),
 }  # fmt: skip
 SUCCESS = "vllm:request_success"
 LOST = "pokomachi:lost_prompt_tokens"

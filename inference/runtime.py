@@ -92,9 +92,12 @@ class _EngineSlot:
         try:
             engine = LLMEngine(config)
         except ValueError as exc:
+            hint = (
+                " (POKOMACHI_KV_DISK_DIR=off turns the disk tier off)" if "kv_" in str(exc) else ""
+            )
             raise ImproperlyConfigured(
                 f"the engine could not load with INFERENCE_ENGINE={settings.INFERENCE_ENGINE}: "
-                f"{exc}"
+                f"{exc}{hint}"
             ) from exc
         logger.info(
             "engine loaded: model=%s device=%s in %.1f s",
@@ -128,10 +131,13 @@ def engine_shutdown() -> None:
 def engine_configured(**overrides: Any) -> Iterator[LLMEngine]:
     """This process's engine, built afresh with `overrides` on top of INFERENCE_ENGINE, for the
     duration of the block (the experiment runs each step on its own engine: its own retention
-    interval, an empty cache). Afterwards the engine is shut down and the settings restored."""
+    interval, an empty cache: the KV tiers are off unless `overrides` turn them on, or the disk
+    would hand one step the blocks of the step before). Afterwards the engine is shut down and
+    the settings restored."""
     saved = settings.INFERENCE_ENGINE
     engine_shutdown()
-    settings.INFERENCE_ENGINE = {**saved, **overrides}
+    empty = {"kv_disk_cache_dir": None, "kv_host_cache_bytes": 0}
+    settings.INFERENCE_ENGINE = {**saved, **empty, **overrides}
     try:
         yield engine_get()
     finally:

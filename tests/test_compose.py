@@ -298,7 +298,14 @@ def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
         "model": "smollm2-135m-instruct",
         "device": "cuda",
         "retention_interval": None,  # "dense" in the compose file
+        "kv_disk_cache_dir": "/kv-cache",  # the kv-cache volume every worker mounts
+        "kv_disk_cache_bytes": 20 << 30,
+        "kv_disk_cache_ttl_s": 3 * 86400.0,
+        "kv_host_cache_bytes": 0,
     }
+    volumes = compose["services"]["worker-spark-b"]["volumes"]
+    assert "kv-cache:/kv-cache" in volumes
+    assert "kv-cache:/kv-cache" in compose["services"]["worker-spark-a"]["volumes"]
 
 
 def test_only_the_tunnel_reaches_the_web_server(compose):

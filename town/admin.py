@@ -282,8 +282,11 @@ class TickAdmin(admin.ModelAdmin):
     readonly_fields = ["started_at", "finished_at"]
 
 
+_cached = DECISION_METRIC_FIELDS.index("num_cached_tokens") + 1
 DECISION_METRICS = [
-    *DECISION_METRIC_FIELDS,
+    *DECISION_METRIC_FIELDS[:_cached],
+    "cached_by_tier",  # where the cached tokens came from: device pool, host memory, disk
+    *DECISION_METRIC_FIELDS[_cached:],
     "attempts",
     "retries",
     "num_sends",
@@ -375,7 +378,12 @@ class DecisionAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # A decision is a record of what happened: nothing on it is edited by hand.
         rounded = [_rounded_name(name) for name in DECISION_FLOAT_FIELDS]
-        return [f.name for f in Decision._meta.fields] + ["prompt", "schema", *rounded]
+        return [f.name for f in Decision._meta.fields] + [
+            "prompt",
+            "schema",
+            "cached_by_tier",
+            *rounded,
+        ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -395,6 +403,21 @@ class DecisionAdmin(admin.ModelAdmin):
     @admin.display(description="hit")
     def cache_hit(self, decision: Decision) -> str:
         return percent_html(decision.num_cached_tokens, decision.num_prompt_tokens)
+
+    @admin.display(description="cached by tier")
+    def cached_by_tier(self, decision: Decision) -> str:
+        """The cached tokens split by where the engine found them (its KV tiers)."""
+        metrics = decision.metrics or {}
+        cached = decision.num_cached_tokens
+        if cached is None or "num_cached_tokens_disk" not in metrics:
+            return "-"
+        host = metrics.get("num_cached_tokens_host") or 0
+        disk = metrics.get("num_cached_tokens_disk") or 0
+        load = metrics.get("kv_load_s") or 0.0
+        return (
+            f"device pool {cached - host - disk:,} · host memory {host:,} · disk {disk:,} "
+            f"(waited {load:.3f} s for them)"
+        )
 
     @admin.display(description="JSON schema")
     def schema(self, decision: Decision) -> str:

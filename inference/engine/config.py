@@ -15,6 +15,7 @@ engine reads the environment or settings.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -63,6 +64,14 @@ class CacheConfig:
     enable_bounded_replay: bool = False
     # LLMEngine.warm(pin=True): the share of the KV blocks pinned heads may hold.
     max_pinned_fraction: float = 0.5
+    # Tiers below the device pool (kv/tiers): full blocks are written down in the background
+    # and a device-pool miss is loaded from host memory, then disk. 0 / None: tier off.
+    kv_host_cache_bytes: int = 0
+    # A directory every engine of the deployment may share (a shared mount across machines).
+    kv_disk_cache_dir: str | None = None
+    kv_disk_cache_bytes: int = 20 << 30
+    # Blocks not used for this long are deleted (last use: written or hit).
+    kv_disk_cache_ttl_s: float = 3 * 86400.0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -82,10 +91,47 @@ class CacheConfig:
             raise ValueError(f"num_window_blocks must be ≥ 2, got {self.num_window_blocks}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
+        self._check_tiers()
         if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:
             raise ValueError(
                 f"kv_cache_memory_bytes must be at least 1 MiB, got {self.kv_cache_memory_bytes}"
             )
+
+    def _check_tiers(self) -> None:
+        if not isinstance(self.kv_host_cache_bytes, int) or self.kv_host_cache_bytes < 0:
+            raise ValueError(
+                f"kv_host_cache_bytes must be an int ≥ 0 (0: no host-memory tier), got "
+                f"{self.kv_host_cache_bytes!r}"
+            )
+        directory = self.kv_disk_cache_dir
+        if directory is not None:
+            if isinstance(directory, os.PathLike):
+                directory = os.fspath(directory)
+            if not isinstance(directory, str) or not directory.strip():
+                raise ValueError(
+                    f"kv_disk_cache_dir must be a directory path or None (no disk tier), got "
+                    f"{self.kv_disk_cache_dir!r}"
+                )
+            self.kv_disk_cache_dir = directory
+        if not isinstance(self.kv_disk_cache_bytes, int) or self.kv_disk_cache_bytes < 1 << 20:
+            raise ValueError(
+                f"kv_disk_cache_bytes must be at least 1 MiB, got {self.kv_disk_cache_bytes!r}"
+            )
+        if not 0 < self.kv_disk_cache_ttl_s < float("inf"):
+            raise ValueError(
+                f"kv_disk_cache_ttl_s must be a finite number of seconds > 0, got "
+                f"{self.kv_disk_cache_ttl_s!r}"
+            )
+        if self.has_tiers and not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_host_cache_bytes / kv_disk_cache_dir keep prefix-cache blocks below the "
+                "device pool; they need enable_prefix_caching=True"
+            )
+
+    @property
+    def has_tiers(self) -> bool:
+        """Whether a host-memory or disk tier is on."""
+        return self.kv_host_cache_bytes > 0 or self.kv_disk_cache_dir is not None
 
 
 @dataclass(slots=True)

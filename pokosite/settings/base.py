@@ -4,7 +4,8 @@ Everything a deployment changes comes from the environment:
 REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POKOMACHI_VAR_DIR,
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
 POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_DECISION_RESEND_S, POKOMACHI_ENGINE_WARMUP,
-POKOMACHI_RETENTION_INTERVAL, POKOMACHI_OPENAI_* (an external OpenAI-compatible server),
+POKOMACHI_RETENTION_INTERVAL, POKOMACHI_KV_DISK_DIR, POKOMACHI_KV_DISK_BYTES, POKOMACHI_KV_DISK_TTL,
+POKOMACHI_KV_HOST_BYTES, POKOMACHI_OPENAI_* (an external OpenAI-compatible server),
 POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare Access, below). The
 launcher's own: pokosite/launcher.py. Both read them with pokosite/env.py.
 """
@@ -213,6 +214,25 @@ if env_str("POKOMACHI_KV_BLOCKS"):
 # One model split over several processes or machines (tensor / expert parallel): README's "One
 # model over two machines". Unset POKOMACHI_TP_SIZE: one process.
 INFERENCE_ENGINE.update(env_tensor_parallel())
+# KV tiers below the device pool (inference/engine/kv/tiers; README "KV cache tiers"): a disk
+# directory every worker of the deployment shares (a shared mount across machines), kept for
+# POKOMACHI_KV_DISK_TTL seconds since last use under POKOMACHI_KV_DISK_BYTES; "off": none.
+# Unset: var/kv-cache, so `make run` finds its prefixes again after a restart. A host-memory
+# tier (POKOMACHI_KV_HOST_BYTES) sits between the device pool and the disk.
+# Unset and off by default where the tiers cannot store the KV yet: a tensor-parallel engine's
+# shards, DeepSeek-V4's compressed state (the engine refuses both when asked explicitly).
+_kv_disk_dir = env_str("POKOMACHI_KV_DISK_DIR", "") or str(VAR_DIR / "kv-cache")
+if not env_str("POKOMACHI_KV_DISK_DIR", "") and (
+    INFERENCE_ENGINE.get("tensor_parallel_size", 1) > 1
+    or "deepseek-v4" in str(INFERENCE_ENGINE.get("model", "")).lower()
+):
+    _kv_disk_dir = "off"
+INFERENCE_ENGINE.update(
+    kv_disk_cache_dir=None if _kv_disk_dir.lower() == "off" else _kv_disk_dir,
+    kv_disk_cache_bytes=env_int("POKOMACHI_KV_DISK_BYTES", 20 << 30, low=1 << 20, high=1 << 50),
+    kv_disk_cache_ttl_s=env_float("POKOMACHI_KV_DISK_TTL", 3 * 86400.0),
+    kv_host_cache_bytes=env_int("POKOMACHI_KV_HOST_BYTES", 0, low=0, high=1 << 44),
+)
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.

@@ -182,6 +182,42 @@ def test_engine_lost_token_fields_become_counters_when_the_engine_has_them(
     assert lost[(*labels, ("reason", "retention_grid"))] == 1024
 
 
+def test_kv_tier_counters_reach_metrics_per_request_and_per_engine(
+    metrics_prefix, redis_url, tmp_path, monkeypatch
+):
+    from inference import metrics
+    from inference.engine import EngineConfig, LLMEngine, SamplingParams
+    from inference.engine_stats import stats_snapshot
+
+    monkeypatch.setattr(metrics._store, "_paused_until", 0.0)  # a test before took Redis down
+
+    metrics_record(
+        model=MODEL,
+        metrics=_request(num_cached_tokens_host=64, num_cached_tokens_disk=960, kv_load_s=0.25),
+        finish_reason="stop",
+    )
+    engine = LLMEngine(EngineConfig(model=MODEL, num_kv_blocks=64, kv_disk_cache_dir=str(tmp_path)))
+    try:
+        engine.generate([list(range(1000, 1100))], SamplingParams(max_tokens=2))
+        assert engine.flush_kv_tiers()
+        snapshot = {**stats_snapshot(engine.stats()), "model_name": MODEL}
+    finally:
+        engine.shutdown()
+    client = redis.Redis.from_url(redis_url)
+    client.hset(f"{metrics_prefix}:engine:spark-a@gpu1", mapping=snapshot)
+    client.expire(f"{metrics_prefix}:engine:spark-a@gpu1", 60)
+    s = _scrape()
+    model = (("model_name", MODEL),)
+    assert s["pokomachi:prefix_cache_hits_disk_total"][model] == 960
+    assert s["pokomachi:prefix_cache_hits_host_total"][model] == 64
+    assert s["pokomachi:kv_load_seconds_total"][model] == 0.25
+    disk = (("engine", "spark-a@gpu1"), ("model_name", MODEL), ("tier", "disk"))
+    assert s["pokomachi:kv_tier_written_bytes_total"][disk] > 0
+    assert s["pokomachi:kv_tier_misses_total"][disk] == 1  # the cold prompt's lookup
+    assert s["pokomachi:kv_tier_blocks"][disk] == 6  # 100 prompt + 2 output tokens: 6 blocks
+    assert s["pokomachi:kv_tier_writes_disabled"][disk] == 0
+
+
 def test_head_answers_like_get_without_a_body(metrics_prefix):
     get, head = Client().get("/metrics"), Client().head("/metrics")
     assert get.status_code == head.status_code == 200

@@ -63,3 +63,31 @@ def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
         assert second.generate([[3, 1, 4]], params)[0].token_ids == expected
     finally:
         engine_shutdown()
+
+
+def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(settings, tmp_path):
+    from inference.runtime import engine_configured
+
+    settings.INFERENCE_ENGINE = {
+        "model": "smollm2-tiny-random",
+        "kv_disk_cache_dir": str(tmp_path),
+        "kv_host_cache_bytes": 1 << 20,
+    }
+    with engine_configured(num_kv_blocks=64) as engine:
+        assert engine.offloader is None  # the experiment's steps must not share blocks
+    with engine_configured(num_kv_blocks=64, kv_disk_cache_dir=str(tmp_path)) as engine:
+        assert engine.offloader is not None and engine.offloader.disk is not None
+    assert settings.INFERENCE_ENGINE["kv_disk_cache_dir"] == str(tmp_path)
+
+
+def test_a_model_the_tiers_cannot_hold_says_how_to_turn_them_off(settings, tmp_path):
+    from inference.runtime import engine_get, engine_shutdown
+
+    engine_shutdown()
+    settings.INFERENCE_ENGINE = {
+        "model": "deepseek-v4-tiny-random",
+        "num_kv_blocks": 128,
+        "kv_disk_cache_dir": str(tmp_path),
+    }
+    with pytest.raises(ImproperlyConfigured, match="POKOMACHI_KV_DISK_DIR=off"):
+        engine_get()

@@ -95,8 +95,20 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "model": "smollm2-135m-instruct",
         "device": "cpu",
         "retention_interval": None,  # dense: a window checkpoint at every block
+        # make run keeps its KV blocks under the var dir, across restarts
+        "kv_disk_cache_dir": str(tmp_path / "kv-cache"),
+        "kv_disk_cache_bytes": 20 << 30,
+        "kv_disk_cache_ttl_s": 3 * 86400.0,
+        "kv_host_cache_bytes": 0,
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
+
+
+def test_the_kv_disk_tier_can_be_turned_off(tmp_path):
+    dumped = settings_dump(
+        "pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path), POKOMACHI_KV_DISK_DIR="off"
+    )
+    assert dumped["INFERENCE_ENGINE"]["kv_disk_cache_dir"] is None
 
 
 def test_base_reads_the_environment(tmp_path):
@@ -113,6 +125,10 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_OPENAI_BASE_URL="http://gpu1:8000/v1",
         POKOMACHI_OPENAI_MODEL="HuggingFaceTB/SmolLM2-135M-Instruct",
         POKOMACHI_RETENTION_INTERVAL="2048",
+        POKOMACHI_KV_DISK_DIR="/mnt/kv",
+        POKOMACHI_KV_DISK_BYTES="1073741824",
+        POKOMACHI_KV_DISK_TTL="604800",
+        POKOMACHI_KV_HOST_BYTES="268435456",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
@@ -123,6 +139,10 @@ def test_base_reads_the_environment(tmp_path):
         "model": "smollm2-tiny-random",
         "device": "cuda:1",
         "retention_interval": 2048,
+        "kv_disk_cache_dir": "/mnt/kv",
+        "kv_disk_cache_bytes": 1 << 30,
+        "kv_disk_cache_ttl_s": 604800.0,
+        "kv_host_cache_bytes": 256 << 20,
     }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False

@@ -422,3 +422,13 @@ def test_run_page_and_compare_show_the_decision_quality_once_measured(admin_clie
     table = admin_client.get(url).content.decode().split('id="pk-quality-table"')[1]
     row = re.search(r"<tr><td>distinct actions</td><td>(.*?)</td><td>(.*?)</td>", table)
     assert row.group(1).startswith("1 ") and row.group(2) == "-"  # the naive run: not measured
+
+
+def test_a_decisions_page_shows_its_cached_tokens_by_kv_tier(admin_client, db):
+    run = _answered_run(small_town_factory(), "shared_head", [800])
+    decision = run.decisions.get(num_prompt_tokens__isnull=False)
+    metrics = {"num_cached_tokens_host": 96, "num_cached_tokens_disk": 640, "kv_load_s": 0.0421}
+    Decision.objects.filter(pk=decision.pk).update(metrics=metrics)
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert "Cached by tier" in page
+    assert "device pool 64 · host memory 96 · disk 640 (waited 0.042 s for them)" in page

@@ -14,6 +14,11 @@ where the head ends, so the whole head is reused at every interval.
 
 With `--fanout` it runs N requests sharing an uncached head at once, with one prefill per
 shared head on and off (see fanout).
+
+With `--tiers` it times the first token of a prompt whose head is cold, on disk, in host
+memory or in the device pool (see tiers; --head-tokens, --tail-tokens, --repeats). With
+`--restart` it runs the town's restart story: tick 2 after a worker restart, with the disk tier
+and without, beside an engine that never stopped (see restart; --requests residents).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.report import format_table, summarize, to_json
+from inference.engine.bench.restart import restart_main
 from inference.engine.bench.results import RunResult
 from inference.engine.bench.retention_sweep import (
     format_sweep,
@@ -40,6 +46,7 @@ from inference.engine.bench.retention_sweep import (
     run_sweep,
     sweep_json,
 )
+from inference.engine.bench.tiers import tiers_main
 from inference.engine.bench.workload import (
     DECISION_MAX_TOKENS,
     Workload,
@@ -55,7 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--requests", type=int, default=8, help="requests per run")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    parser.add_argument("--head-tokens", type=int, default=1200, help="shared head size")
+    parser.add_argument(
+        "--head-tokens", type=int, default=None, help="shared head size (1200; --tiers: 1500)"
+    )
     parser.add_argument(
         "--prompt-tokens",
         default=None,
@@ -104,7 +113,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="--requests prompts sharing an uncached --head-tokens head, all at once: one "
         "prefill per shared head on vs off (tails: --tail-tokens)",
     )
-    parser.add_argument("--tail-tokens", type=int, default=100, help="--fanout: tail size")
+    parser.add_argument(
+        "--tail-tokens", type=int, default=None, help="--fanout (default 100), --tiers (500)"
+    )
+    parser.add_argument(
+        "--tiers",
+        action="store_true",
+        help="TTFT with the --head-tokens head cold / on disk / in host memory / in the device "
+        "pool (default head 1500, tail 500)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="--tiers: repetitions")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="tick 2's hit rate and median e2e after a worker restart, disk tier on and off, "
+        "beside an engine that never stopped (--requests residents)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
@@ -121,6 +145,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.intervals = parse_intervals(args.retention_interval)
         except ValueError as exc:
             parser.error(str(exc))
+    if args.tail_tokens is None:
+        args.tail_tokens = 500 if args.tiers else 100
+    if args.head_tokens is None:
+        args.head_tokens = 1500 if args.tiers else 1200
     if args.prompt_tokens is None:
         # A sweep's head must fit in the shared system message, which is ≥ 90% of its target.
         low = _sweep_system_tokens(args.head_tokens) + 150
@@ -147,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]
     if args.fanout:
         return _fanout_main(args, started, load_at_start)
+    if args.restart:
+        command = " ".join(["python -m inference.engine.bench", *args.argv])
+        meta = dict(command=command, started=started, load_at_start=load_at_start)
+        return restart_main(args, {**meta, "cpu": _cpu_model()})
+    if args.tiers:
+        command = " ".join(["python -m inference.engine.bench", *args.argv])
+        meta = dict(command=command, started=started, load_at_start=load_at_start)
+        return tiers_main(args, {**meta, "cpu": _cpu_model()})
     if args.intervals is not None:
         return _sweep_main(args, started, load_at_start)
     try:

@@ -34,6 +34,11 @@ from inference.engine.distributed.executor import TensorParallelExecutor
 from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
 from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
+from inference.engine.kv.tiers.block_file import BlockLayout
+from inference.engine.kv.tiers.disk_tier import DiskTier
+from inference.engine.kv.tiers.group_io import GroupIO
+from inference.engine.kv.tiers.host_tier import HostTier
+from inference.engine.kv.tiers.offloader import KVOffloader
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import (
     ModelRunner,
@@ -215,6 +220,7 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.attach(runner, setup)
         self.runner: ModelRunner | TensorParallelExecutor = self.executor or runner
+        self.offloader = self._kv_offloader(loaded.fingerprint, dtype) if cache.has_tiers else None
 
     # ---- the public front -------------------------------------------------------------
 
@@ -339,6 +345,7 @@ class LLMEngine:
                 num_junction_checkpoints=cache.num_junction_checkpoints,
                 num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
+                kv_tiers=self.offloader.make_stats() if self.offloader is not None else {},
             )
 
     @property
@@ -388,8 +395,52 @@ class LLMEngine:
             self._shutdown = True
             self._lock.notify()
         self._loop.join(timeout=30)
+        if self.offloader is not None:
+            self.offloader.close()
         self.runner.close()
         self.structured.close()
+
+    def flush_kv_tiers(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every block computed so far is written to the KV tiers (False on
+        timeout; True at once without tiers)."""
+        return self.offloader.flush(timeout) if self.offloader is not None else True
+
+    def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader:
+        """The tiers below the device pool (kv/tiers), for every KV cache group."""
+        cache = self.config.cache
+        if self.executor is not None:
+            raise ValueError(
+                "kv_host_cache_bytes / kv_disk_cache_dir: the KV tiers do not read a "
+                "tensor-parallel engine's KV shards yet; use them with tensor_parallel_size=1"
+            )
+        if self.runner.state is not None:
+            raise ValueError(
+                f"kv_host_cache_bytes / kv_disk_cache_dir: model {self.config.model} keeps its "
+                "own compressed state (DeepSeek-V4), which the KV tiers do not store yet; use "
+                "them with llama-family or Gemma 3 models"
+            )
+
+        def group(name: str) -> GroupIO:
+            shape = self.runner.block_shape(name)
+            layout = BlockLayout(fingerprint, name, cache.block_size, shape, str(dtype)[6:])
+            manager = self.kv_cache_manager.coordinator.full
+            if name == "sliding":
+                manager = self.kv_cache_manager.sliding
+            return GroupIO(
+                layout,
+                manager,
+                lambda block_ids: self.runner.read_blocks(name, block_ids),
+                lambda block_ids, payload: self.runner.write_blocks(name, block_ids, payload),
+            )
+
+        host = HostTier(cache.kv_host_cache_bytes) if cache.kv_host_cache_bytes else None
+        disk = None
+        if cache.kv_disk_cache_dir is not None:
+            disk = DiskTier(
+                cache.kv_disk_cache_dir, cache.kv_disk_cache_bytes, cache.kv_disk_cache_ttl_s
+            )
+        sliding = group("sliding") if self.kv_cache_manager.sliding is not None else None
+        return KVOffloader(group("full"), sliding, host=host, disk=disk)
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
         if not self.config.cache.enable_bounded_replay:
@@ -516,9 +567,14 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One engine step: schedule, execute, update from its output. Returns the requests
         that finished."""
+        offloader = self.offloader
         with self._lock:
+            if offloader is not None:
+                offloader.prepare(self.scheduler.waiting)
             scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
+            if offloader is not None and offloader.is_loading:
+                offloader.wait_for_loads(timeout=0.05)  # only requests waiting for their blocks
             return []
         try:
             sampled = self.runner.execute(scheduler_output)
@@ -528,6 +584,8 @@ class LLMEngine:
                 return self.scheduler.fail_step(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
+            if offloader is not None:  # before finished requests free their blocks
+                offloader.offload(scheduler_output)
             return self.scheduler.update_from_output(scheduler_output, sampled)
 
     def _output(self, request: Request) -> RequestOutput:

@@ -13,6 +13,7 @@ which add up to the prompt length (see prefix_reuse for what each means).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -40,6 +41,11 @@ class RequestMetrics:
     # Bounded replay: prompt tokens recomputed with their window truncated to the replayed span
     # (counted in num_lost_to_retention too); 0 when the reuse was exact.
     num_replayed_tokens: int = 0
+    # Of num_cached_tokens, those loaded from a tier below the device pool (kv/tiers), and the
+    # time from the lookup's start to the blocks being in the pool (the request waited for it).
+    num_cached_tokens_host: int = 0
+    num_cached_tokens_disk: int = 0
+    kv_load_s: float = 0.0
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -81,6 +87,29 @@ class KVCacheStats:
 
 
 @dataclass(slots=True)
+class KVTierStats:
+    """One KV tier's counters since start (kv/tiers), in blocks and bytes. A lookup asks the
+    tiers in turn for each block of a chain: a block found counts a hit for the tier that had
+    it and a miss for each tier asked before; the first block no tier has, a miss for each."""
+
+    name: str  # "host" or "disk"
+    num_hits: int = 0
+    num_misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    load_s: float = 0.0  # time spent reading (and checking) blocks
+    num_evictions: int = 0  # for room: the byte budget
+    num_expired: int = 0  # disk: not used for longer than the TTL
+    num_invalid: int = 0  # disk: truncated, corrupt, foreign or another version: deleted
+    num_blocks: int = 0  # held now (disk: as of the last sweep, plus writes since)
+    bytes_used: int = 0
+    writes_disabled: bool = False  # disk: read-only or full; reads go on
+
+    def snapshot(self) -> KVTierStats:
+        return dataclasses.replace(self)
+
+
+@dataclass(slots=True)
 class EngineStats:
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found
@@ -107,6 +136,8 @@ class EngineStats:
     num_junction_checkpoints: int = 0
     num_partial_block_copies: int = 0
     num_pinned_blocks: int = 0
+    # The tiers below the device pool by name ("host", "disk"); empty when none is on.
+    kv_tiers: dict[str, KVTierStats] = field(default_factory=dict)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

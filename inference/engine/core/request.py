@@ -60,6 +60,13 @@ class Request:
     # cached compressed state (approximate). Its blocks from there are hashed apart (marked) and
     # it keeps no window checkpoints, so nothing it computes is ever taken for exact state.
     replay_start: int | None = None
+    # KV tiers (kv/tiers): "new" (not looked up), "loading" (its blocks are being loaded from
+    # host memory or disk: the scheduler skips it) or "done"; the token spans loaded, each
+    # (start, end, tier); the time the lookup and load took; the blocks copied out so far.
+    kv_load_state: str = "new"
+    kv_loaded_spans: list[tuple[int, int, str]] = field(default_factory=list)
+    kv_load_s: float = 0.0
+    num_offloaded_blocks: int = 0
     output_text: str = ""
     # Set when this request alone failed in the engine (sampling, its grammar, detokenizing, a
     # stop check): it is finished and its caller gets this error; the others go on.
@@ -100,6 +107,15 @@ class Request:
         if self.on_token is not None:  # streaming: sampled and jump-forward tokens alike
             self.on_token(token_id)
 
+    def num_cached_tokens_from(self, tier: str) -> int:
+        """Of the cached tokens, those whose blocks were loaded from `tier` ("host", "disk")."""
+        cached = max(self.num_cached_tokens, 0)
+        return sum(
+            max(0, min(end, cached) - start)
+            for start, end, source in self.kv_loaded_spans
+            if source == tier
+        )
+
     def metrics(self) -> RequestMetrics:
         arrival = self.arrival_time
         scheduled = self.first_scheduled_time or arrival
@@ -123,4 +139,7 @@ class Request:
             num_cold_tokens=reuse.num_cold_tokens,
             reuse_source=self.reuse_source,
             num_replayed_tokens=reuse.num_replayed_tokens,
+            num_cached_tokens_host=self.num_cached_tokens_from("host"),
+            num_cached_tokens_disk=self.num_cached_tokens_from("disk"),
+            kv_load_s=self.kv_load_s,
         )

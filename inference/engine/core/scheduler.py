@@ -106,6 +106,8 @@ class Scheduler:
                 break  # out of budget or seats; or memory is short this step: admit no more
             if request.request_id in held:
                 continue  # its head is being computed by a request ahead of it
+            if request.kv_load_state == "loading":
+                continue  # its blocks are being loaded from a KV tier (kv/tiers)
             hit, num_hit_tokens = manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             if hit.junction:  # kept while it prefills past it

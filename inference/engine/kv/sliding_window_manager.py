@@ -73,6 +73,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         # request → checkpoints inside a block, recorded once that block is full (its hash is
         # the key): (position, kind)
         self.pending: dict[str, list[tuple[int, str]]] = {}
+        # Checkpoints recorded since the KV tiers last took them (kv/tiers); None: no tiers.
+        self.new_checkpoints: list[tuple[CheckpointKey, int, str]] | None = None
 
     def first_needed_block(self, position: int) -> int:
         """The first block a query at `position` (or later) still reads."""
@@ -302,7 +304,14 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             self.hasher.parent_hash(request, index),
         )
 
+    def record_checkpoint(self, key: CheckpointKey, position: int, kind: str) -> None:
+        """Record a checkpoint whose window blocks were put in the pool from outside (a KV
+        tier's load): as if this manager had kept it."""
+        self._record(key, position, kind)
+
     def _record(self, key: CheckpointKey, position: int, kind: str) -> None:
+        if self.new_checkpoints is not None:
+            self.new_checkpoints.append((key, position, kind))
         if kind == "junction" and key not in self.checkpoints:
             self.num_junction_checkpoints += 1
         self.checkpoints[key] = position

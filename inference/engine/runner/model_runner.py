@@ -175,6 +175,30 @@ class ModelRunner:
             dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
             self._copy_slots(cache, self._index(src), self._index(dst))
 
+    @torch.inference_mode()
+    def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
+        """A copy of these blocks' K/V in every layer of the group, on the CPU:
+        (num_group_layers * 2, len(block_ids) * block_size, n_kv_heads, head_dim)."""
+        cache = self.group_caches[group]
+        slots = self._index(self._block_slots(block_ids))
+        return cache.index_select(1, slots).to("cpu")
+
+    @torch.inference_mode()
+    def write_blocks(self, group: str, block_ids: list[int], payload: torch.Tensor) -> None:
+        """Put K/V read by read_blocks (same shape) into these blocks of the group."""
+        cache = self.group_caches[group]
+        slots = self._index(self._block_slots(block_ids))
+        cache.index_copy_(1, slots, payload.to(device=cache.device, dtype=cache.dtype))
+
+    def block_shape(self, group: str) -> tuple[int, ...]:
+        """One block's K/V in a group, as read_blocks gives it for one block."""
+        rows, _, n_kv_heads, head_dim = self.group_caches[group].shape
+        return (rows, self.block_size, n_kv_heads, head_dim)
+
+    def _block_slots(self, block_ids: list[int]) -> list[int]:
+        size = self.block_size
+        return [block_id * size + i for block_id in block_ids for i in range(size)]
+
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Copy KV slots in every layer's K and V at once: the copy-on-write of a partly filled
         block, or a sliding-window checkpoint saved or restored (the kernel on CUDA)."""

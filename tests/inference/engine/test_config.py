@@ -118,3 +118,23 @@ def test_schema_limits_may_be_a_dict():
 def test_bad_values_are_refused_naming_them(fields, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**fields)
+
+
+def test_kv_tier_knobs_default_off_and_are_validated():
+    config = EngineConfig()
+    assert config.kv_host_cache_bytes == 0 and config.kv_disk_cache_dir is None
+    assert config.kv_disk_cache_ttl_s == 3 * 86400 and not config.cache.has_tiers
+    import pathlib
+
+    on = EngineConfig(kv_disk_cache_dir=pathlib.Path("/tmp/kv"), kv_host_cache_bytes=1 << 20)
+    assert on.kv_disk_cache_dir == "/tmp/kv" and on.cache.has_tiers
+    with pytest.raises(ValueError, match="kv_host_cache_bytes must be an int ≥ 0"):
+        EngineConfig(kv_host_cache_bytes=-1)
+    with pytest.raises(ValueError, match="kv_disk_cache_dir must be a directory path"):
+        EngineConfig(kv_disk_cache_dir="  ")
+    with pytest.raises(ValueError, match="kv_disk_cache_bytes must be at least 1 MiB"):
+        EngineConfig(kv_disk_cache_dir="/tmp/kv", kv_disk_cache_bytes=1000)
+    with pytest.raises(ValueError, match="kv_disk_cache_ttl_s must be a finite"):
+        EngineConfig(kv_disk_cache_ttl_s=0)
+    with pytest.raises(ValueError, match="need enable_prefix_caching=True"):
+        EngineConfig(kv_disk_cache_dir="/tmp/kv", enable_prefix_caching=False)
