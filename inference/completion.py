@@ -101,6 +101,8 @@ class CompletionMetrics:
     num_cold_tokens: int | None = None
     reuse_source: str | None = None
     num_replayed_tokens: int | None = None  # DeepSeek-V4's bounded replay (approximate)
+    num_draft_tokens: int | None = None  # speculative decoding: drafted, and accepted
+    num_accepted_tokens: int | None = None
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -125,6 +127,8 @@ class CompletionMetrics:
             num_cold_tokens=metrics.num_cold_tokens,
             reuse_source=metrics.reuse_source,
             num_replayed_tokens=metrics.num_replayed_tokens,
+            num_draft_tokens=metrics.num_draft_tokens,
+            num_accepted_tokens=metrics.num_accepted_tokens,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,8 +146,9 @@ class CompletionMetrics:
             "num_output_tokens": self.num_output_tokens,
             "num_preemptions": self.num_preemptions,
         }
-        if self.num_forced_tokens is not None:
-            data["num_forced_tokens"] = self.num_forced_tokens
+        for name in ("num_forced_tokens", "num_draft_tokens", "num_accepted_tokens"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         data.update({f"{_LOST_PREFIX}{reason}": n for reason, n in self.lost_tokens.items()})
         optional = {
             "num_cold_tokens": self.num_cold_tokens,
@@ -178,6 +183,8 @@ class CompletionMetrics:
             num_cold_tokens=data.get("num_cold_tokens"),
             reuse_source=data.get("reuse_source"),
             num_replayed_tokens=data.get("num_replayed_tokens"),
+            num_draft_tokens=data.get("num_draft_tokens"),
+            num_accepted_tokens=data.get("num_accepted_tokens"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

@@ -35,6 +35,7 @@ from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
+from inference.engine.spec_decode.ngram import NgramProposer
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -160,6 +161,8 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             max_model_len=self.max_model_len,
             enable_jump_forward=scheduling.enable_jump_forward,
+            drafter=self._drafter(),
+            num_speculative_tokens=config.speculative.num_speculative_tokens,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
@@ -316,6 +319,9 @@ class LLMEngine:
                 num_junction_checkpoints=cache.num_junction_checkpoints,
                 num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
+                num_spec_verifications=scheduler.num_spec_verifications,
+                num_draft_tokens=scheduler.num_draft_tokens,
+                num_accepted_tokens=scheduler.num_accepted_tokens,
             )
 
     @property
@@ -360,6 +366,17 @@ class LLMEngine:
             self._lock.notify()
         self._loop.join(timeout=30)
         self.structured.close()
+
+    def _drafter(self) -> NgramProposer | None:
+        speculative = self.config.speculative
+        if speculative.speculative_method is None:
+            return None
+        if speculative.speculative_method == "mtp":
+            raise ValueError(
+                f"speculative_method='mtp' needs a model with a multi-token-prediction layer; "
+                f"model {self.config.model} has none loaded: use 'ngram'"
+            )
+        return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
         if not self.config.cache.enable_bounded_replay:

@@ -27,7 +27,7 @@ from inference.engine.attention.attention_backend import GroupSpans, MetadataBui
 from inference.engine.attention.torch_metadata import TorchMetadataBuilder
 from inference.engine.core.request import Request
 from inference.engine.core.request_errors import RequestError
-from inference.engine.core.scheduler_output import SchedulerOutput
+from inference.engine.core.scheduler_output import Sampled, SchedulerOutput
 from inference.engine.kernels.metadata import KernelMetadataBuilder
 from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
@@ -135,9 +135,11 @@ class ModelRunner:
         cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
         self._copy_slots(cache, self._index(src_slots), self._index(dst_slots))
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int | RequestError]:
+    def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
-        the RequestError of one whose sampling or grammar failed)."""
+        the RequestError of one whose sampling or grammar failed). A request with a draft gets
+        the model's greedy token at each draft position and the one after (spec_decode/verify):
+        one logits row each, masked by its grammar as if the draft before it were accepted."""
         if self.device.type == "cuda":
             # Per thread: triton launches on the current device, and this is the loop thread.
             torch.cuda.set_device(self.device)
@@ -147,14 +149,17 @@ class ModelRunner:
         positions: list[int] = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
+        row_requests: list[Request] = []  # the request of each logits row
+        row_drafts: list[list[int]] = []  # the draft tokens before each row
         full = GroupSpans([], [])
         sliding = GroupSpans([], []) if self.has_sliding else None
         for scheduled in output.scheduled:
             request = scheduled.request
+            draft = scheduled.draft_token_ids
             start = request.num_computed_tokens
             end = start + scheduled.num_new_tokens
             query_start = len(input_ids)
-            input_ids.extend(request.all_token_ids[start:end])
+            input_ids.extend((request.all_token_ids + draft)[start:end])
             positions.extend(range(start, end))
             full.slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
             full.spans.append(ScheduledSpan(query_start, end - start, start, scheduled.block_ids))
@@ -172,9 +177,13 @@ class ModelRunner:
                         window_start=request.replay_start or 0,
                     )
                 )
-            if end == request.num_tokens:
+            if end == request.num_tokens + len(draft):
                 sampling.append(request)
-                logits_rows.append(len(input_ids) - 1)
+                first_row = len(input_ids) - 1 - len(draft)
+                for index in range(len(draft) + 1):
+                    logits_rows.append(first_row + index)
+                    row_requests.append(request)
+                    row_drafts.append(draft[:index])
 
         if self.graphs is not None and self.graphs.can_run(full.spans, len(sampling)):
             logits = self.graphs.run(input_ids, positions, full.slot_mapping, full.spans)
@@ -189,13 +198,16 @@ class ModelRunner:
         if not sampling:
             return {}
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
-        failed = self.structured.apply(logits, [r.grammar for r in sampling])
+        drafts = row_drafts if len(row_requests) > len(sampling) else None
+        failed = self.structured.apply(logits, [r.grammar for r in row_requests], drafts)
         tokens = sample(
-            logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
+            logits, [r.sampling_params for r in row_requests], [r.generator for r in row_requests]
         )
         for row, error in failed.items():
             tokens[row] = error
-        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        if drafts is None:
+            return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        return _per_request(row_requests, tokens)
 
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
@@ -204,6 +216,19 @@ class ModelRunner:
         """Slot of each position in [start, end); block_ids[0] is block index `first`."""
         size = self.block_size
         return [block_ids[p // size - first] * size + p % size for p in range(start, end)]
+
+
+def _per_request(row_requests: list[Request], tokens: list[int | RequestError]) -> dict:
+    """Rows back to requests: one token, or (a draft's rows) the list of them; a request with a
+    failed row gets that row's error."""
+    rows: dict[str, list[int | RequestError]] = {}
+    for request, token in zip(row_requests, tokens, strict=True):
+        rows.setdefault(request.request_id, []).append(token)
+    result: dict[str, Sampled] = {}
+    for request_id, mine in rows.items():
+        error = next((t for t in mine if isinstance(t, RequestError)), None)
+        result[request_id] = error or (mine if len(mine) > 1 else mine[0])
+    return result
 
 
 def layer_types_of(config) -> tuple[str, ...]:
