@@ -1,7 +1,8 @@
 """`python -m inference.engine.bench`: the town-shaped benchmark, engine vs transformers.
 
 Runs, in one process, on the same workload: the engine with prefix caching on (the main
-number), with it off, without the JSON schema, then transformers' `generate`. Each engine run
+number), with it off, without the JSON schema, with prompt-lookup speculative decoding (`ngram`,
+`ngram_no_schema`), then transformers' `generate`. Each engine run
 gets a fresh engine. Prints a table and the ratios against the issue's targets (`--json`: one
 JSON object). Progress goes to stderr.
 
@@ -104,6 +105,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="--requests prompts sharing an uncached --head-tokens head, all at once: one "
         "prefill per shared head on vs off (tails: --tail-tokens)",
     )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        help="draft tokens per step of the speculative runs (ngram, ngram_no_schema)",
+    )
     parser.add_argument("--tail-tokens", type=int, default=100, help="--fanout: tail size")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
@@ -130,7 +137,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         parser.error(f"--prompt-tokens must look like 1500-2500, got {args.prompt_tokens!r}")
     args.prompt_token_range = (low, high)
-    for flag in ("requests", "concurrency", "max_tokens", "baseline_requests"):
+    for flag in (
+        "requests",
+        "concurrency",
+        "max_tokens",
+        "baseline_requests",
+        "num_speculative_tokens",
+    ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
     args.baseline_requests = min(args.baseline_requests, args.requests)
@@ -249,6 +262,8 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
             spec.enable_prefix_caching,
             enable_jump_forward=spec.enable_jump_forward,
             enable_decode_windows=spec.enable_decode_windows,
+            speculative_method=spec.speculative_method,
+            num_speculative_tokens=args.num_speculative_tokens,
         )
         try:
             workload = workload or _workload(engine, args)
@@ -275,6 +290,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         finally:
             engine.shutdown()
         _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+    _note_speculative_exactness(runs)
     if workload is None:  # only the baseline: the workload is still measured in engine tokens
         engine = _engine(args, True)
         workload = _workload(engine, args)
@@ -291,6 +307,17 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         )
         _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
     return runs, workload, floor
+
+
+def _note_speculative_exactness(runs: list[RunResult]) -> None:
+    """Speculative decoding is greedy-exact: say how many outputs match the run without it."""
+    by_name = {run.name: run for run in runs}
+    for spec, plain in (("ngram", "cached"), ("ngram_no_schema", "no_schema")):
+        if spec in by_name and plain in by_name:
+            pairs = zip(by_name[spec].records, by_name[plain].records, strict=True)
+            same = sum(a.text == b.text for a, b in pairs)
+            total = len(by_name[spec].records)
+            by_name[spec].notes.append(f"outputs identical to {plain}'s: {same}/{total}")
 
 
 def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> list[int]:

@@ -6,7 +6,7 @@ Each step it first tops up the running requests (one token for those decoding, a
 those still prefilling), preempting the newest running request by recompute when the pool
 is full, then admits waiting requests while budget and blocks allow.
 
-Speculative decoding (spec_decode/verify): a decoding greedy request gets a draft from the
+Speculative decoding (spec_decode): a decoding greedy request gets a draft from the
 drafter, scheduled with its next token in one chunk; `update_from_output` keeps the draft's
 longest prefix the model agrees with, plus the model's own token after it.
 
@@ -263,7 +263,7 @@ class Scheduler:
     def _verify(
         self, request: Request, draft: list[int], targets: Sampled, now: float
     ) -> RequestStatus | None:
-        """Greedy verification (spec_decode/verify): append the model's token at each row while
+        """Greedy verification (spec_decode): append the model's token at each row while
         the draft agrees with it, so the draft's accepted prefix and the model's token after it;
         each accepted draft token's K/V was computed by this step."""
         if isinstance(targets, RequestError):

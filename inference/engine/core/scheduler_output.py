@@ -14,7 +14,7 @@ from inference.engine.core.request_errors import RequestError
 from inference.engine.kv.partial_blocks import BlockCopy
 
 # A step's result for one request: its sampled token; with a draft, the model's greedy token at
-# each of the draft's positions and the one after (spec_decode/verify); or what failed it.
+# each of the draft's positions and the one after (spec_decode); or what failed it.
 Sampled = int | list[int] | RequestError
 
 
@@ -26,7 +26,7 @@ class ScheduledRequest:
     # Sliding group (hybrid models): (index of the first block in the window, its block ids).
     window_block_ids: tuple[int, list[int]] | None = None
     # Speculative decoding: draft tokens computed after the request's own, counted in
-    # num_new_tokens; the runner returns the model's greedy token at each (spec_decode/verify).
+    # num_new_tokens; the runner returns the model's greedy token at each (spec_decode).
     draft_token_ids: list[int] = field(default_factory=list)
 
 

@@ -138,7 +138,7 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
         the RequestError of one whose sampling or grammar failed). A request with a draft gets
-        the model's greedy token at each draft position and the one after (spec_decode/verify):
+        the model's greedy token at each draft position and the one after (spec_decode):
         one logits row each, masked by its grammar as if the draft before it were accepted."""
         if self.device.type == "cuda":
             # Per thread: triton launches on the current device, and this is the loop thread.

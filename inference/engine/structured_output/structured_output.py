@@ -55,7 +55,7 @@ class GrammarState:
     def cut_draft(self, draft: Sequence[int], *, stop_at_forced: bool) -> list[int]:
         """The draft's longest prefix the grammar accepts, ending at the first token that
         completes the grammar or (`stop_at_forced`: jump-forward is on) after which the grammar
-        forces tokens: those are appended by jump-forward, not verified (see spec_decode/verify).
+        forces tokens: those are appended by jump-forward, not verified (see spec_decode).
         The matcher is left as it was."""
         kept: list[int] = []
         try:
