@@ -35,6 +35,8 @@ from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
 from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
 from inference.engine.models import load_model
 from inference.engine.runner.model_runner import ModelRunner, group_block_bytes, kv_groups_of
+from inference.engine.spec_decode import Drafter
+from inference.engine.spec_decode.mtp import MtpDrafter
 from inference.engine.spec_decode.ngram import NgramProposer
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
@@ -161,7 +163,7 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             max_model_len=self.max_model_len,
             enable_jump_forward=scheduling.enable_jump_forward,
-            drafter=self._drafter(),
+            drafter=self._drafter(loaded.model),
             num_speculative_tokens=config.speculative.num_speculative_tokens,
         )
         self.structured = StructuredOutputManager(
@@ -184,6 +186,7 @@ class LLMEngine:
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
             max_num_seqs=scheduling.max_num_seqs,
             decode_windows=running.enable_decode_windows,
+            draft_with_mtp=config.speculative.speculative_method == "mtp",
         )
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)
@@ -367,15 +370,18 @@ class LLMEngine:
         self._loop.join(timeout=30)
         self.structured.close()
 
-    def _drafter(self) -> NgramProposer | None:
+    def _drafter(self, model) -> Drafter | None:
         speculative = self.config.speculative
         if speculative.speculative_method is None:
             return None
         if speculative.speculative_method == "mtp":
-            raise ValueError(
-                f"speculative_method='mtp' needs a model with a multi-token-prediction layer; "
-                f"model {self.config.model} has none loaded: use 'ngram'"
-            )
+            if not getattr(model, "has_mtp", False):
+                raise ValueError(
+                    "speculative_method='mtp' needs a model with a multi-token-prediction "
+                    f"layer; model {self.config.model} has none (DeepSeek-V4 checkpoints with "
+                    "num_nextn_predict_layers ≥ 1 do): use 'ngram'"
+                )
+            return MtpDrafter()
         return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
@@ -509,13 +515,14 @@ class LLMEngine:
             return []
         try:
             sampled = self.runner.execute(scheduler_output)
+            drafts = self.runner.take_drafts()
         except Exception as exc:  # the model itself: no one request to blame
             logger.exception("engine step failed; failing the requests it ran")
             with self._lock:
                 return self.scheduler.fail_step(scheduler_output, exc)
         with self._lock:
             self._num_steps += 1
-            return self.scheduler.update_from_output(scheduler_output, sampled)
+            return self.scheduler.update_from_output(scheduler_output, sampled, drafts)
 
     def _output(self, request: Request) -> RequestOutput:
         text, _ = stop_cut(

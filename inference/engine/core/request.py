@@ -55,6 +55,8 @@ class Request:
     # Speculative decoding: draft tokens verified for it, and those the model agreed with.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # A draft proposed by the model itself (its MTP layer) for the request's current length.
+    spec_token_ids: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)
     # Token-exact positions where the window state is kept while prefilling (hybrid models):
     # declared breakpoints (sampling params, chat messages marked "cache").

@@ -34,7 +34,7 @@ from inference.engine.kv.shared_prefill import find_followers
 
 if TYPE_CHECKING:
     from inference.engine.loading.tokenizer import Tokenizer
-    from inference.engine.spec_decode.ngram import NgramProposer
+    from inference.engine.spec_decode import Drafter
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Scheduler:
         tokenizer: Tokenizer | None = None,
         max_model_len: int | None = None,
         enable_jump_forward: bool = False,
-        drafter: NgramProposer | None = None,
+        drafter: Drafter | None = None,
         num_speculative_tokens: int = 0,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
@@ -195,7 +195,7 @@ class Scheduler:
         )
         if room < 1:
             return []
-        draft = self.drafter.propose(request.all_token_ids, room)
+        draft = self.drafter.draft(request, room)
         if draft and request.grammar is not None:
             draft = request.grammar.cut_draft(draft, stop_at_forced=self.enable_jump_forward)
         return draft
@@ -203,15 +203,23 @@ class Scheduler:
     # ---- a step's result ----------------------------------------------------------------
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled: dict[str, Sampled]
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled: dict[str, Sampled],
+        drafts: dict[str, list[int]] | None = None,
     ) -> list[Request]:
         """Advance the step's requests by what it computed and sampled; returns the requests
         that finished. A failure on one request's path (its sampling, grammar, stop check)
-        finishes that request alone with a RequestError; the others go on."""
+        finishes that request alone with a RequestError; the others go on. `drafts`: what the
+        model's own draft layer proposed after each request's new tokens (MTP), for the next
+        step."""
         finished = []
         now = time.monotonic()
+        drafts = drafts or {}
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
+            request.spec_token_ids = []
+            num_forced = request.num_forced_tokens
             draft = scheduled.draft_token_ids
             # A draft's positions count as computed only once accepted (_verify).
             request.num_computed_tokens += scheduled.num_new_tokens - len(draft)
@@ -230,6 +238,8 @@ class Scheduler:
             if status is not None:
                 self.finish(request, status)
                 finished.append(request)
+            elif request.num_forced_tokens == num_forced:  # else it was made for another place
+                request.spec_token_ids = drafts.get(request.request_id, [])
         return finished
 
     def fail_step(self, scheduler_output: SchedulerOutput, exc: Exception) -> list[Request]:
@@ -359,6 +369,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)

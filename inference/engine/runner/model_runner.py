@@ -53,6 +53,7 @@ class ModelRunner:
         max_num_seqs: int = 1,
         decode_windows: bool = True,
         num_window_blocks: int | None = None,  # the sliding group's, if not num_blocks
+        draft_with_mtp: bool = False,  # run the model's MTP layer after each step (its drafts)
     ) -> None:
         self.model = loaded.model.to(dtype)
         self.device = device
@@ -104,6 +105,10 @@ class ModelRunner:
             self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
                 layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
             )
+        if draft_with_mtp and not getattr(self.model, "has_mtp", False):
+            raise ValueError(f"{type(self.model).__name__} has no MTP layer to draft with")
+        self.draft_with_mtp = draft_with_mtp
+        self.drafts: dict[str, list[int]] = {}  # the last step's MTP drafts (take_drafts)
         self.graphs = None
         # A graph records one set of block tables; sliding-window layers with their own window
         # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
@@ -151,6 +156,9 @@ class ModelRunner:
         logits_rows: list[int] = []
         row_requests: list[Request] = []  # the request of each logits row
         row_drafts: list[list[int]] = []  # the draft tokens before each row
+        next_ids: list[int] = []  # MTP: each position's next token (-1: known once sampled)
+        first_rows: list[int] = []  # MTP: each sampling request's first logits row, as a position
+        sampling_drafts: list[list[int]] = []  # each sampling request's draft
         full = GroupSpans([], [])
         sliding = GroupSpans([], []) if self.has_sliding else None
         for scheduled in output.scheduled:
@@ -159,7 +167,10 @@ class ModelRunner:
             start = request.num_computed_tokens
             end = start + scheduled.num_new_tokens
             query_start = len(input_ids)
-            input_ids.extend((request.all_token_ids + draft)[start:end])
+            tokens = request.all_token_ids + draft
+            input_ids.extend(tokens[start:end])
+            if self.draft_with_mtp:
+                next_ids.extend(tokens[start + 1 : end + 1] + [-1] * (end + 1 - len(tokens)))
             positions.extend(range(start, end))
             full.slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
             full.spans.append(ScheduledSpan(query_start, end - start, start, scheduled.block_ids))
@@ -180,11 +191,15 @@ class ModelRunner:
             if end == request.num_tokens + len(draft):
                 sampling.append(request)
                 first_row = len(input_ids) - 1 - len(draft)
+                first_rows.append(first_row)
+                sampling_drafts.append(draft)
                 for index in range(len(draft) + 1):
                     logits_rows.append(first_row + index)
                     row_requests.append(request)
                     row_drafts.append(draft[:index])
 
+        self.drafts = {}
+        context = None
         if self.graphs is not None and self.graphs.can_run(full.spans, len(sampling)):
             logits = self.graphs.run(input_ids, positions, full.slot_mapping, full.spans)
         else:
@@ -194,8 +209,13 @@ class ModelRunner:
                 self.kv_caches,
                 self.metadata_builder.build(full, sliding),
                 torch.tensor(logits_rows, dtype=torch.long, device=self.device),
+                **({"keep_for_draft": True} if self.draft_with_mtp else {}),
             )
+            if self.draft_with_mtp:
+                logits, context = logits
         if not sampling:
+            if context is not None:
+                self._draft_with_mtp(context, next_ids, [], [], [], {})
             return {}
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
         drafts = row_drafts if len(row_requests) > len(sampling) else None
@@ -206,8 +226,55 @@ class ModelRunner:
         for row, error in failed.items():
             tokens[row] = error
         if drafts is None:
-            return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
-        return _per_request(row_requests, tokens)
+            result = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        else:
+            result = _per_request(row_requests, tokens)
+        if context is not None:
+            self._draft_with_mtp(context, next_ids, sampling, first_rows, sampling_drafts, result)
+        return result
+
+    def take_drafts(self) -> dict[str, list[int]]:
+        """The drafts the MTP layer made in the last step, per request id (once)."""
+        drafts, self.drafts = self.drafts, {}
+        return drafts
+
+    def _draft_with_mtp(
+        self,
+        context,
+        next_ids: list[int],
+        sampling: list[Request],
+        first_rows: list[int],
+        drafts: list[list[int]],
+        sampled: dict[str, Sampled],
+    ) -> None:
+        """Run the MTP layer over the step's positions, each with its next token: known, or
+        the model's token at that row (a verified draft's rows: the greedy token of each, so
+        up to the accepted length they are the request's own next tokens). Each greedy
+        request's draft is the MTP layer's greedy token at its last accepted position: the
+        token after the one the scheduler appends last (spec_decode)."""
+        draft_rows, drafted = [], []
+        for request, first_row, draft in zip(sampling, first_rows, drafts, strict=True):
+            targets = sampled[request.request_id]
+            if isinstance(targets, RequestError):
+                continue
+            targets = targets if isinstance(targets, list) else [targets]
+            for index, target in enumerate(targets):
+                next_ids[first_row + index] = target
+            if request.sampling_params.is_greedy:
+                accepted = 0
+                while accepted < len(draft) and draft[accepted] == targets[accepted]:
+                    accepted += 1
+                draft_rows.append(first_row + accepted)
+                drafted.append(request.request_id)
+        next_ids = [max(token, 0) for token in next_ids]  # a failed request's rows: any id
+        logits = self.model.draft_logits(
+            context,
+            torch.tensor(next_ids, device=self.device),
+            self.state.mtp_layer,
+            torch.tensor(draft_rows, dtype=torch.long, device=self.device),
+        )
+        tokens = logits.argmax(dim=-1).tolist()
+        self.drafts = {rid: [token] for rid, token in zip(drafted, tokens, strict=True)}
 
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, dtype=torch.long, device=self.device)

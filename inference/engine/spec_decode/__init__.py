@@ -19,5 +19,20 @@ The step, as vLLM's v1 spec decode:
   grammar are checked token by token, so a request ends at the same token as without a draft.
 
 Sampled requests (temperature > 0) get no draft: exactness there needs rejection sampling, not
-built. Drafters: prompt lookup (ngram).
+built. Drafters (`Drafter`): prompt lookup (ngram), and a model's own MTP layer (mtp), whose
+draft the runner makes after the step's forward (ModelRunner.take_drafts) and the scheduler
+keeps on the request for the next step (Request.spec_token_ids).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from inference.engine.core.request import Request
+
+
+class Drafter(Protocol):
+    def draft(self, request: Request, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens the request's output may continue with."""
+        ...

@@ -10,9 +10,13 @@ likelier continuation: a town decision copies the names it was just shown), else
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+if TYPE_CHECKING:
+    from inference.engine.core.request import Request
 
 
 class NgramProposer:
@@ -21,6 +25,9 @@ class NgramProposer:
             raise ValueError(f"n-gram lengths need 1 ≤ min_n ≤ max_n, got {min_n} and {max_n}")
         self.min_n = min_n
         self.max_n = max_n
+
+    def draft(self, request: Request, max_tokens: int) -> list[int]:
+        return self.propose(request.all_token_ids, max_tokens)
 
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` draft tokens to follow `token_ids`; [] when no suffix recurs."""
