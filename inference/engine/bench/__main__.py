@@ -2,9 +2,9 @@
 
 Runs, in one process, on the same workload: the engine with prefix caching on (the main
 number), with it off, without the JSON schema, with prompt-lookup speculative decoding (`ngram`,
-`ngram_no_schema`), then transformers' `generate`. Each engine run
-gets a fresh engine. Prints a table and the ratios against the issue's targets (`--json`: one
-JSON object). Progress goes to stderr.
+`ngram_no_schema`) or DeepSeek-V4's MTP drafts (`mtp`, asked for by name), then transformers'
+`generate`. Each engine run gets a fresh engine. Prints a table and the ratios against the
+issue's targets (`--json`: one JSON object). Progress goes to stderr.
 
 With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
 retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
@@ -79,7 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
     parser.add_argument(
-        "--runs", default=",".join(RUN_NAMES), help=f"comma-separated subset of {RUN_NAMES}"
+        "--runs",
+        default=",".join(name for name in RUN_NAMES if name != "mtp"),  # mtp: DeepSeek-V4 only
+        help=f"comma-separated subset of {RUN_NAMES}",
     )
     parser.add_argument("--skip-baseline", action="store_true", help="no transformers run")
     parser.add_argument(
@@ -312,7 +314,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
 def _note_speculative_exactness(runs: list[RunResult]) -> None:
     """Speculative decoding is greedy-exact: say how many outputs match the run without it."""
     by_name = {run.name: run for run in runs}
-    for spec, plain in (("ngram", "cached"), ("ngram_no_schema", "no_schema")):
+    for spec, plain in (("ngram", "cached"), ("ngram_no_schema", "no_schema"), ("mtp", "cached")):
         if spec in by_name and plain in by_name:
             pairs = zip(by_name[spec].records, by_name[plain].records, strict=True)
             same = sum(a.text == b.text for a, b in pairs)

@@ -27,7 +27,8 @@ class EngineRunSpec:
     enable_jump_forward: bool = True
     # Decode windows: the decoding sequences' contexts read together (see decode_windows).
     enable_decode_windows: bool = True
-    # Speculative decoding (spec_decode): None, or the drafter ("ngram": prompt lookup).
+    # Speculative decoding (spec_decode): None, or the drafter ("ngram": prompt lookup; "mtp":
+    # the model's multi-token-prediction layer).
     speculative_method: str | None = None
 
 
@@ -47,6 +48,8 @@ ENGINE_RUNS: dict[str, EngineRunSpec] = {
         EngineRunSpec("ngram_no_schema", "engine, prefix caching on, no schema, same output "
                       "lengths, prompt-lookup speculative decoding", True, False,
                       match_output_lengths=True, speculative_method="ngram"),
+        EngineRunSpec("mtp", "engine, prefix caching on, JSON schema on, the model's MTP layer "
+                      "drafts (DeepSeek-V4)", True, True, speculative_method="mtp"),
     ]
 }  # fmt: skip
 

@@ -128,6 +128,8 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
               ratio("ngram", "decode_s_per_token", "cached"), 1.0, False),
         Ratio("ngram_no_schema_decode_per_token_over_no_schema",
               ratio("ngram_no_schema", "decode_s_per_token", "no_schema"), 1.0, False),
+        Ratio("mtp_decode_per_token_over_cached",
+              ratio("mtp", "decode_s_per_token", "cached"), 1.0, False),
     ]  # fmt: skip
 
 
