@@ -33,6 +33,7 @@ from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.runner.sampler import sample
+from inference.engine.spec_decode.mtp import mtp_drafts
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -238,43 +239,11 @@ class ModelRunner:
         drafts, self.drafts = self.drafts, {}
         return drafts
 
-    def _draft_with_mtp(
-        self,
-        context,
-        next_ids: list[int],
-        sampling: list[Request],
-        first_rows: list[int],
-        drafts: list[list[int]],
-        sampled: dict[str, Sampled],
-    ) -> None:
-        """Run the MTP layer over the step's positions, each with its next token: known, or
-        the model's token at that row (a verified draft's rows: the greedy token of each, so
-        up to the accepted length they are the request's own next tokens). Each greedy
-        request's draft is the MTP layer's greedy token at its last accepted position: the
-        token after the one the scheduler appends last (spec_decode)."""
-        draft_rows, drafted = [], []
-        for request, first_row, draft in zip(sampling, first_rows, drafts, strict=True):
-            targets = sampled[request.request_id]
-            if isinstance(targets, RequestError):
-                continue
-            targets = targets if isinstance(targets, list) else [targets]
-            for index, target in enumerate(targets):
-                next_ids[first_row + index] = target
-            if request.sampling_params.is_greedy:
-                accepted = 0
-                while accepted < len(draft) and draft[accepted] == targets[accepted]:
-                    accepted += 1
-                draft_rows.append(first_row + accepted)
-                drafted.append(request.request_id)
-        next_ids = [max(token, 0) for token in next_ids]  # a failed request's rows: any id
-        logits = self.model.draft_logits(
-            context,
-            torch.tensor(next_ids, device=self.device),
-            self.state.mtp_layer,
-            torch.tensor(draft_rows, dtype=torch.long, device=self.device),
-        )
-        tokens = logits.argmax(dim=-1).tolist()
-        self.drafts = {rid: [token] for rid, token in zip(drafted, tokens, strict=True)}
+    def _draft_with_mtp(self, context, next_ids, sampling, first_rows, drafts, sampled) -> None:
+        self.drafts = mtp_drafts(
+            self.model, self.state.mtp_layer, context, next_ids, sampling, first_rows, drafts,
+            sampled, self.device,
+        )  # fmt: skip
 
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
