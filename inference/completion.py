@@ -106,6 +106,8 @@ class CompletionMetrics:
     num_cached_tokens_host: int | None = None
     num_cached_tokens_disk: int | None = None
     kv_load_s: float | None = None
+    num_draft_tokens: int | None = None  # speculative decoding: drafted, and accepted
+    num_accepted_tokens: int | None = None
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -133,6 +135,8 @@ class CompletionMetrics:
             num_cached_tokens_host=metrics.num_cached_tokens_host,
             num_cached_tokens_disk=metrics.num_cached_tokens_disk,
             kv_load_s=metrics.kv_load_s,
+            num_draft_tokens=metrics.num_draft_tokens,
+            num_accepted_tokens=metrics.num_accepted_tokens,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -150,8 +154,9 @@ class CompletionMetrics:
             "num_output_tokens": self.num_output_tokens,
             "num_preemptions": self.num_preemptions,
         }
-        if self.num_forced_tokens is not None:
-            data["num_forced_tokens"] = self.num_forced_tokens
+        for name in ("num_forced_tokens", "num_draft_tokens", "num_accepted_tokens"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         data.update({f"{_LOST_PREFIX}{reason}": n for reason, n in self.lost_tokens.items()})
         optional = {
             "num_cold_tokens": self.num_cold_tokens,
@@ -192,6 +197,8 @@ class CompletionMetrics:
             num_cached_tokens_host=data.get("num_cached_tokens_host"),
             num_cached_tokens_disk=data.get("num_cached_tokens_disk"),
             kv_load_s=data.get("kv_load_s"),
+            num_draft_tokens=data.get("num_draft_tokens"),
+            num_accepted_tokens=data.get("num_accepted_tokens"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

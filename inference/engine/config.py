@@ -1,7 +1,7 @@
-"""EngineConfig: every engine knob, validated, in five groups — the KV cache, the scheduler, the
-model runner, structured output and parallelism — each its own dataclass checked in its own
-__post_init__ (vLLM's CacheConfig / SchedulerConfig / ...), plus what spans them (model,
-device, seed).
+"""EngineConfig: every engine knob, validated, in six groups — the KV cache, the scheduler, the
+model runner, structured output, parallelism and speculative decoding — each its own dataclass
+checked in its own __post_init__ (vLLM's CacheConfig / SchedulerConfig / ...), plus what spans
+them (model, device, seed).
 
 Every sub-config field is also taken, and read, by its flat name: EngineConfig(
 enable_prefix_caching=False) sets `config.cache.enable_prefix_caching`, and
@@ -26,6 +26,7 @@ from inference.engine.structured_output.schema_limits import SchemaLimits
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_SPECULATIVE_METHODS = (None, "ngram", "mtp")
 
 
 @dataclass(slots=True)
@@ -267,6 +268,38 @@ class ParallelConfig:
             )
 
 
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """Speculative decoding (spec_decode): a decoding greedy request carries a draft of up to
+    `num_speculative_tokens` tokens, verified in one forward with its next token; the output is
+    the same tokens as without it. Sampled requests (temperature > 0) are not speculated."""
+
+    # None: off. "ngram": prompt lookup, the tokens that followed the latest earlier occurrence
+    # of the context's last n tokens (n from prompt_lookup_max down to prompt_lookup_min).
+    # "mtp": the model's own multi-token-prediction layer (models that have one).
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in _SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_method must be one of {_SPECULATIVE_METHODS}, got "
+                f"{self.speculative_method!r}"
+            )
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(
+                f"num_speculative_tokens must be in [1, 16] (draft tokens per step), got "
+                f"{self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "prompt lookup needs 1 ≤ prompt_lookup_min ≤ prompt_lookup_max (the n-gram "
+                f"lengths matched), got {self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+
+
 # Sub-config field name → its class, and each flat name → the sub-config field that holds it.
 _SUB_CONFIGS: dict[str, type] = {
     "cache": CacheConfig,
@@ -274,6 +307,7 @@ _SUB_CONFIGS: dict[str, type] = {
     "runner": RunnerConfig,
     "structured_output": StructuredOutputConfig,
     "parallel": ParallelConfig,
+    "speculative": SpeculativeConfig,
 }
 _FLAT_NAMES: dict[str, str] = {
     f.name: group for group, cls in _SUB_CONFIGS.items() for f in fields(cls)
@@ -290,6 +324,7 @@ class EngineConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __init__(self, **keywords: Any) -> None:
         """Keywords: the fields above (a sub-config as its dataclass or a dict of its fields),
@@ -328,6 +363,17 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}) must be at "
                 f"least block_size ({self.cache.block_size})"
+            )
+        if self.speculative.num_speculative_tokens >= self.scheduler.max_num_batched_tokens:
+            raise ValueError(
+                f"num_speculative_tokens ({self.speculative.num_speculative_tokens}) must be "
+                f"below max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}): a "
+                "verification step computes the draft and the token before it together"
+            )
+        if self.parallel.tensor_parallel_size > 1 and self.speculative.speculative_method == "mtp":
+            raise ValueError(
+                "speculative_method='mtp' with tensor_parallel_size > 1: the MTP layer is not "
+                "sharded yet; use 'ngram' (drafts are verified on every rank alike) or one process"
             )
         self._resolve_dtype_and_backend()
         if self.parallel.tensor_parallel_size > 1 and self.runner.enable_cuda_graphs:

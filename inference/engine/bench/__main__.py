@@ -1,9 +1,10 @@
 """`python -m inference.engine.bench`: the town-shaped benchmark, engine vs transformers.
 
 Runs, in one process, on the same workload: the engine with prefix caching on (the main
-number), with it off, without the JSON schema, then transformers' `generate`. Each engine run
-gets a fresh engine. Prints a table and the ratios against the issue's targets (`--json`: one
-JSON object). Progress goes to stderr.
+number), with it off, without the JSON schema, with prompt-lookup speculative decoding (`ngram`,
+`ngram_no_schema`) or DeepSeek-V4's MTP drafts (`mtp`, asked for by name), then transformers'
+`generate`. Each engine run gets a fresh engine. Prints a table and the ratios against the
+issue's targets (`--json`: one JSON object). Progress goes to stderr.
 
 With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
 retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
@@ -87,7 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
     parser.add_argument(
-        "--runs", default=",".join(RUN_NAMES), help=f"comma-separated subset of {RUN_NAMES}"
+        "--runs",
+        default=",".join(name for name in RUN_NAMES if name != "mtp"),  # mtp: DeepSeek-V4 only
+        help=f"comma-separated subset of {RUN_NAMES}",
     )
     parser.add_argument("--skip-baseline", action="store_true", help="no transformers run")
     parser.add_argument(
@@ -112,6 +115,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="--requests prompts sharing an uncached --head-tokens head, all at once: one "
         "prefill per shared head on vs off (tails: --tail-tokens)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        help="draft tokens per step of the speculative runs (ngram, ngram_no_schema)",
     )
     parser.add_argument(
         "--tail-tokens", type=int, default=None, help="--fanout (default 100), --tiers (500)"
@@ -158,7 +167,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         parser.error(f"--prompt-tokens must look like 1500-2500, got {args.prompt_tokens!r}")
     args.prompt_token_range = (low, high)
-    for flag in ("requests", "concurrency", "max_tokens", "baseline_requests"):
+    for flag in (
+        "requests",
+        "concurrency",
+        "max_tokens",
+        "baseline_requests",
+        "num_speculative_tokens",
+    ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
     args.baseline_requests = min(args.baseline_requests, args.requests)
@@ -285,6 +300,8 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
             spec.enable_prefix_caching,
             enable_jump_forward=spec.enable_jump_forward,
             enable_decode_windows=spec.enable_decode_windows,
+            speculative_method=spec.speculative_method,
+            num_speculative_tokens=args.num_speculative_tokens,
         )
         try:
             workload = workload or _workload(engine, args)
@@ -311,6 +328,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         finally:
             engine.shutdown()
         _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+    _note_speculative_exactness(runs)
     if workload is None:  # only the baseline: the workload is still measured in engine tokens
         engine = _engine(args, True)
         workload = _workload(engine, args)
@@ -327,6 +345,17 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         )
         _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
     return runs, workload, floor
+
+
+def _note_speculative_exactness(runs: list[RunResult]) -> None:
+    """Speculative decoding is greedy-exact: say how many outputs match the run without it."""
+    by_name = {run.name: run for run in runs}
+    for spec, plain in (("ngram", "cached"), ("ngram_no_schema", "no_schema"), ("mtp", "cached")):
+        if spec in by_name and plain in by_name:
+            pairs = zip(by_name[spec].records, by_name[plain].records, strict=True)
+            same = sum(a.text == b.text for a, b in pairs)
+            total = len(by_name[spec].records)
+            by_name[spec].notes.append(f"outputs identical to {plain}'s: {same}/{total}")
 
 
 def _output_token_counts(runs: list[RunResult], args: argparse.Namespace) -> list[int]:

@@ -44,7 +44,10 @@ def _load_reference(transformers, model: str):
         config = transformers.DeepseekV4Config(**json.loads((path / "config.json").read_text()))
         config._attn_implementation = "eager"
         hf_model = transformers.DeepseekV4ForCausalLM(config)
-        hf_model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        weights = load_file(str(path / "model.safetensors"))
+        # transformers does not build the MTP layer (`mtp.0.*`, ours: deepseek_v4.mtp).
+        main = {name: tensor for name, tensor in weights.items() if not name.startswith("mtp.")}
+        hf_model.load_state_dict(main, strict=True)
         return transformers.AutoTokenizer.from_pretrained(str(path)), hf_model.eval()
     path = gguf_path_for(model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -27,6 +27,9 @@ class EngineRunSpec:
     enable_jump_forward: bool = True
     # Decode windows: the decoding sequences' contexts read together (see decode_windows).
     enable_decode_windows: bool = True
+    # Speculative decoding (spec_decode): None, or the drafter ("ngram": prompt lookup; "mtp":
+    # the model's multi-token-prediction layer).
+    speculative_method: str | None = None
 
 
 ENGINE_RUNS: dict[str, EngineRunSpec] = {
@@ -40,6 +43,13 @@ ENGINE_RUNS: dict[str, EngineRunSpec] = {
                       True, True, enable_jump_forward=False),
         EngineRunSpec("no_windows", "engine, prefix caching on, JSON schema on, decode span by "
                       "span", True, True, enable_decode_windows=False),
+        EngineRunSpec("ngram", "engine, prefix caching on, JSON schema on, prompt-lookup "
+                      "speculative decoding", True, True, speculative_method="ngram"),
+        EngineRunSpec("ngram_no_schema", "engine, prefix caching on, no schema, same output "
+                      "lengths, prompt-lookup speculative decoding", True, False,
+                      match_output_lengths=True, speculative_method="ngram"),
+        EngineRunSpec("mtp", "engine, prefix caching on, JSON schema on, the model's MTP layer "
+                      "drafts (DeepSeek-V4)", True, True, speculative_method="mtp"),
     ]
 }  # fmt: skip
 
@@ -87,6 +97,9 @@ def run_engine(
             "num_preemptions": after.num_preemptions - before.num_preemptions,
             "num_steps": after.num_steps - before.num_steps,
             "num_forced_tokens": after.num_forced_tokens - before.num_forced_tokens,
+            "num_spec_verifications": after.num_spec_verifications - before.num_spec_verifications,
+            "num_draft_tokens": after.num_draft_tokens - before.num_draft_tokens,
+            "num_accepted_tokens": after.num_accepted_tokens - before.num_accepted_tokens,
         },
     )
 

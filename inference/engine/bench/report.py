@@ -31,6 +31,10 @@ class RunSummary:
     mean_output_tokens: float
     decode_s_per_token: float  # decode time over the tokens after the first
     num_valid_json: int | None  # None when the run had no schema
+    # Speculative runs: accepted / drafted tokens, and output tokens per verification step of a
+    # request (1 + accepted per step); None for the others.
+    spec_acceptance_rate: float | None = None
+    spec_tokens_per_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,11 @@ def summarize(run: RunResult) -> RunSummary:
     valid = None
     if run.schema is not None:
         valid = sum(is_valid_decision(r.text, run.schema) for r in records)
+    stats = run.engine_stats or {}
+    acceptance = tokens_per_step = None
+    if stats.get("num_spec_verifications"):
+        acceptance = stats["num_accepted_tokens"] / max(stats["num_draft_tokens"], 1)
+        tokens_per_step = 1 + stats["num_accepted_tokens"] / stats["num_spec_verifications"]
     return RunSummary(
         name=run.name,
         description=run.description,
@@ -74,6 +83,8 @@ def summarize(run: RunResult) -> RunSummary:
         mean_output_tokens=output / len(records),
         decode_s_per_token=sum(r.decode_s for r in records) / decode_steps if decode_steps else 0.0,
         num_valid_json=valid,
+        spec_acceptance_rate=acceptance,
+        spec_tokens_per_step=tokens_per_step,
     )
 
 
@@ -110,6 +121,15 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
         # Nor this: what reading the decoding sequences' contexts window by window buys.
         Ratio("decode_windows_decode_per_token_over_span_by_span",
               ratio("cached", "decode_s_per_token", "no_windows"), 1.0, False),
+        # Speculative decoding's speed-up (issue 19 item 3): same workload, same process.
+        Ratio("ngram_requests_per_min_over_cached",
+              ratio("ngram", "requests_per_min", "cached"), 1.0, True),
+        Ratio("ngram_decode_per_token_over_cached",
+              ratio("ngram", "decode_s_per_token", "cached"), 1.0, False),
+        Ratio("ngram_no_schema_decode_per_token_over_no_schema",
+              ratio("ngram_no_schema", "decode_s_per_token", "no_schema"), 1.0, False),
+        Ratio("mtp_decode_per_token_over_cached",
+              ratio("mtp", "decode_s_per_token", "cached"), 1.0, False),
     ]  # fmt: skip
 
 
@@ -149,6 +169,8 @@ _ROWS = [
     ("mean prompt tokens", "mean_prompt_tokens", "{:.0f}"),
     ("mean output tokens", "mean_output_tokens", "{:.1f}"),
     ("decode per token (ms)", "decode_s_per_token", "ms"),
+    ("draft acceptance rate", "spec_acceptance_rate", "{:.1%}"),
+    ("tokens per verification step", "spec_tokens_per_step", "{:.2f}"),
     ("requests", "num_requests", "{}"),
     ("wall time (s)", "wall_s", "{:.1f}"),
 ]
@@ -186,5 +208,7 @@ def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str
     return "\n".join(lines)
 
 
-def _cell(value: float, fmt: str) -> str:
+def _cell(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "–"
     return f"{value * 1000:.1f}" if fmt == "ms" else fmt.format(value)

@@ -46,6 +46,9 @@ from inference.engine.runner.model_runner import (
     group_block_bytes,
     kv_groups_of,
 )
+from inference.engine.spec_decode import Drafter
+from inference.engine.spec_decode.mtp import MtpDrafter
+from inference.engine.spec_decode.ngram import NgramProposer
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -197,6 +200,8 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             max_model_len=self.max_model_len,
             enable_jump_forward=scheduling.enable_jump_forward,
+            drafter=self._drafter(loaded.model),
+            num_speculative_tokens=config.speculative.num_speculative_tokens,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
@@ -215,6 +220,7 @@ class LLMEngine:
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
             max_num_seqs=scheduling.max_num_seqs,
             decode_windows=running.enable_decode_windows,
+            draft_with_mtp=config.speculative.speculative_method == "mtp",
         )
         runner = setup.build(loaded, self.device, self.structured)
         if self.executor is not None:
@@ -346,6 +352,9 @@ class LLMEngine:
                 num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
                 kv_tiers=self.offloader.make_stats() if self.offloader is not None else {},
+                num_spec_verifications=scheduler.num_spec_verifications,
+                num_draft_tokens=scheduler.num_draft_tokens,
+                num_accepted_tokens=scheduler.num_accepted_tokens,
             )
 
     @property
@@ -441,6 +450,20 @@ class LLMEngine:
             )
         sliding = group("sliding") if self.kv_cache_manager.sliding is not None else None
         return KVOffloader(group("full"), sliding, host=host, disk=disk)
+
+    def _drafter(self, model) -> Drafter | None:
+        speculative = self.config.speculative
+        if speculative.speculative_method is None:
+            return None
+        if speculative.speculative_method == "mtp":
+            if not getattr(model, "has_mtp", False):
+                raise ValueError(
+                    "speculative_method='mtp' needs a model with a multi-token-prediction "
+                    f"layer; model {self.config.model} has none (DeepSeek-V4 checkpoints with "
+                    "num_nextn_predict_layers ≥ 1 do): use 'ngram'"
+                )
+            return MtpDrafter()
+        return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
     def _bounded_replay(self, model_config) -> BoundedReplay | None:
         if not self.config.cache.enable_bounded_replay:
@@ -578,6 +601,7 @@ class LLMEngine:
             return []
         try:
             sampled = self.runner.execute(scheduler_output)
+            drafts = self.runner.take_drafts()
         except Exception as exc:  # the model itself: no one request to blame
             logger.exception("engine step failed; failing the requests it ran")
             with self._lock:
@@ -586,7 +610,7 @@ class LLMEngine:
             self._num_steps += 1
             if offloader is not None:  # before finished requests free their blocks
                 offloader.offload(scheduler_output)
-            return self.scheduler.update_from_output(scheduler_output, sampled)
+            return self.scheduler.update_from_output(scheduler_output, sampled, drafts)
 
     def _output(self, request: Request) -> RequestOutput:
         text, _ = stop_cut(

@@ -29,6 +29,10 @@ class RequestMetrics:
     num_output_tokens: int
     num_preemptions: int = 0
     num_forced_tokens: int = 0  # of the output tokens, those the grammar forced (jump-forward)
+    # Speculative decoding: draft tokens verified, and of those the ones the model agreed with
+    # (each is an output token that took no step of its own).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     num_lost_to_retention: int = 0  # matched cached blocks, but no window checkpoint there
     num_lost_to_alignment: int = 0  # matched inside a block that is not wholly shared
     num_lost_to_eviction: int = 0  # was cached, evicted since
@@ -66,6 +70,9 @@ class SchedulerStats:
     num_prefill_tokens: int
     num_forced_tokens: int
     reuse_sources: dict[str, int] = field(default_factory=dict)
+    num_spec_verifications: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -138,6 +145,23 @@ class EngineStats:
     num_pinned_blocks: int = 0
     # The tiers below the device pool by name ("host", "disk"); empty when none is on.
     kv_tiers: dict[str, KVTierStats] = field(default_factory=dict)
+    # Speculative decoding: request-steps that verified a draft, its tokens, the accepted ones.
+    num_spec_verifications: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted draft tokens per draft token verified (0 without speculation)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def spec_tokens_per_verification(self) -> float:
+        """Output tokens a verification step made for its request: 1 + accepted per step (the
+        mean acceptance length vLLM reports; 0 without speculation)."""
+        if not self.num_spec_verifications:
+            return 0.0
+        return 1 + self.num_accepted_tokens / self.num_spec_verifications
 
     @property
     def prefix_cache_hit_rate(self) -> float:

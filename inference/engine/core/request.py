@@ -52,6 +52,11 @@ class Request:
     reuse: PrefixReuse | None = None  # where the prompt's tokens went; set with num_cached_tokens
     num_preemptions: int = 0
     num_forced_tokens: int = 0
+    # Speculative decoding: draft tokens verified for it, and those the model agreed with.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # A draft proposed by the model itself (its MTP layer) for the request's current length.
+    spec_token_ids: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)
     # Token-exact positions where the window state is kept while prefilling (hybrid models):
     # declared breakpoints (sampling params, chat messages marked "cache").
@@ -133,6 +138,8 @@ class Request:
             num_output_tokens=len(self.output_token_ids),
             num_preemptions=self.num_preemptions,
             num_forced_tokens=self.num_forced_tokens,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
             num_lost_to_retention=reuse.num_lost_to_retention,
             num_lost_to_alignment=reuse.num_lost_to_alignment,
             num_lost_to_eviction=reuse.num_lost_to_eviction,

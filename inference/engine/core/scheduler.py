@@ -6,6 +6,10 @@ Each step it first tops up the running requests (one token for those decoding, a
 those still prefilling), preempting the newest running request by recompute when the pool
 is full, then admits waiting requests while budget and blocks allow.
 
+Speculative decoding (spec_decode): a decoding greedy request gets a draft from the
+drafter, scheduled with its next token in one chunk; `update_from_output` keeps the draft's
+longest prefix the model agrees with, plus the model's own token after it.
+
 One prefill per shared head: a waiting request that shares an uncached head with a request
 ahead of it (see shared_prefill) is held back until that leader has computed the head (and,
 on a hybrid model, kept a checkpoint where the head ends); requests behind it are still
@@ -24,12 +28,13 @@ from typing import TYPE_CHECKING
 from inference.engine.core.metrics import SchedulerStats
 from inference.engine.core.request import Request, RequestStatus
 from inference.engine.core.request_errors import RequestError, request_failed
-from inference.engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from inference.engine.core.scheduler_output import Sampled, ScheduledRequest, SchedulerOutput
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.shared_prefill import find_followers
 
 if TYPE_CHECKING:
     from inference.engine.loading.tokenizer import Tokenizer
+    from inference.engine.spec_decode import Drafter
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,8 @@ class Scheduler:
         tokenizer: Tokenizer | None = None,
         max_model_len: int | None = None,
         enable_jump_forward: bool = False,
+        drafter: Drafter | None = None,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.enable_shared_prefill = enable_shared_prefill
@@ -56,6 +63,11 @@ class Scheduler:
         self.stop_token_ids = tokenizer.stop_token_ids if tokenizer is not None else frozenset()
         self.max_model_len = max_model_len if max_model_len is not None else sys.maxsize
         self.enable_jump_forward = enable_jump_forward
+        self.drafter = drafter
+        self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
+        self.num_spec_verifications = 0  # request-steps that carried a draft
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -86,7 +98,11 @@ class Scheduler:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             junctions = self.junctions.get(request.request_id, ())
-            while True:
+            draft = self._draft(request, num_new, budget)
+            num_drafted = num_new + len(draft)
+            if draft and manager.allocate_slots(request, num_drafted, junctions=junctions) is None:
+                draft = []  # memory is short: no draft for it this step (nothing was allocated)
+            while not draft:
                 new_blocks = manager.allocate_slots(request, num_new, junctions=junctions)
                 if new_blocks is not None:
                     break
@@ -95,10 +111,10 @@ class Scheduler:
                 output.preempted_ids.append(victim.request_id)
                 if victim is request:
                     break
-            if new_blocks is None:
+            if not draft and new_blocks is None:
                 break
-            output.scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
+            output.scheduled.append(self._scheduled(request, num_new + len(draft), draft))
+            budget -= num_new + len(draft)
             index += 1
 
         for request in list(self.waiting):
@@ -150,33 +166,73 @@ class Scheduler:
         if position not in junctions:
             junctions.append(position)
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(
+        self, request: Request, num_new: int, draft: list[int] | None = None
+    ) -> ScheduledRequest:
         manager = self.kv_cache_manager
         return ScheduledRequest(
             request,
             num_new,
             manager.get_block_ids(request.request_id),
             manager.get_window_block_ids(request.request_id),
+            draft or [],
         )
+
+    def _draft(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Draft tokens to verify after the request's `num_new` tokens this step: only for a
+        greedy request whose output has begun and whose tokens all fit the step; no more than
+        its output may still take after the model's own token, cut where its grammar refuses."""
+        if (
+            self.drafter is None
+            or not request.sampling_params.is_greedy
+            or not request.output_token_ids
+            or num_new != request.num_tokens - request.num_computed_tokens
+        ):
+            return []
+        room = min(
+            self.num_speculative_tokens,
+            budget - num_new,
+            request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
+            self.max_model_len - request.num_tokens - 1,
+        )
+        if room < 1:
+            return []
+        draft = self.drafter.draft(request, room)
+        if draft and request.grammar is not None:
+            draft = request.grammar.cut_draft(draft, stop_at_forced=self.enable_jump_forward)
+        return draft
 
     # ---- a step's result ----------------------------------------------------------------
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled: dict[str, int | RequestError]
+        self,
+        scheduler_output: SchedulerOutput,
+        sampled: dict[str, Sampled],
+        drafts: dict[str, list[int]] | None = None,
     ) -> list[Request]:
         """Advance the step's requests by what it computed and sampled; returns the requests
         that finished. A failure on one request's path (its sampling, grammar, stop check)
-        finishes that request alone with a RequestError; the others go on."""
+        finishes that request alone with a RequestError; the others go on. `drafts`: what the
+        model's own draft layer proposed after each request's new tokens (MTP), for the next
+        step."""
         finished = []
         now = time.monotonic()
+        drafts = drafts or {}
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
-            request.num_computed_tokens += scheduled.num_new_tokens
+            request.spec_token_ids = []
+            num_forced = request.num_forced_tokens
+            draft = scheduled.draft_token_ids
+            # A draft's positions count as computed only once accepted (_verify).
+            request.num_computed_tokens += scheduled.num_new_tokens - len(draft)
             token = sampled.get(request.request_id)
             if token is None:
                 continue
             try:
-                status = self._advance(request, token, now)
+                if draft:
+                    status = self._verify(request, draft, token, now)
+                else:
+                    status = self._advance(request, token, now)
             except Exception as exc:  # this request's grammar, stop check or a bug on its path
                 logger.exception("request %s failed; the others go on", request.request_id)
                 request.error = request_failed(request.request_id, exc)
@@ -184,6 +240,8 @@ class Scheduler:
             if status is not None:
                 self.finish(request, status)
                 finished.append(request)
+            elif request.num_forced_tokens == num_forced:  # else it was made for another place
+                request.spec_token_ids = drafts.get(request.request_id, [])
         return finished
 
     def fail_step(self, scheduler_output: SchedulerOutput, exc: Exception) -> list[Request]:
@@ -212,6 +270,32 @@ class Scheduler:
         status = self.check_stop(request, token)
         if status is None and request.grammar is not None and self.enable_jump_forward:
             status = self._jump_forward(request, now)
+        return status
+
+    def _verify(
+        self, request: Request, draft: list[int], targets: Sampled, now: float
+    ) -> RequestStatus | None:
+        """Greedy verification (spec_decode): append the model's token at each row while
+        the draft agrees with it, so the draft's accepted prefix and the model's token after it;
+        each accepted draft token's K/V was computed by this step."""
+        if isinstance(targets, RequestError):
+            raise targets
+        assert isinstance(targets, list) and len(targets) == len(draft) + 1, "one row per token"
+        self.num_spec_verifications += 1
+        self.num_draft_tokens += len(draft)
+        request.num_draft_tokens += len(draft)
+        status = None
+        for index, target in enumerate(targets):
+            is_accepted = index < len(draft) and target == draft[index]
+            num_forced = request.num_forced_tokens
+            status = self._advance(request, target, now)
+            if is_accepted:
+                request.num_computed_tokens += 1
+                request.num_accepted_tokens += 1
+                self.num_accepted_tokens += 1
+            # Jump-forward appended tokens the later rows did not see: they are not valid.
+            if status is not None or not is_accepted or request.num_forced_tokens != num_forced:
+                break
         return status
 
     def _jump_forward(self, request: Request, now: float) -> RequestStatus | None:
@@ -277,6 +361,9 @@ class Scheduler:
             num_prefill_tokens=self.num_prefill_tokens,
             num_forced_tokens=self.num_forced_tokens,
             reuse_sources=dict(self.reuse_sources),
+            num_spec_verifications=self.num_spec_verifications,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
         )
 
     def _preempt(self, request: Request) -> None:
@@ -284,6 +371,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inference.engine.core.request import Request
+from inference.engine.core.request_errors import RequestError
 from inference.engine.kv.partial_blocks import BlockCopy
+
+# A step's result for one request: its sampled token; with a draft, the model's greedy token at
+# each of the draft's positions and the one after (spec_decode); or what failed it.
+Sampled = int | list[int] | RequestError
 
 
 @dataclass(slots=True)
@@ -20,6 +25,9 @@ class ScheduledRequest:
     block_ids: list[int]  # full-attention group
     # Sliding group (hybrid models): (index of the first block in the window, its block ids).
     window_block_ids: tuple[int, list[int]] | None = None
+    # Speculative decoding: draft tokens computed after the request's own, counted in
+    # num_new_tokens; the runner returns the model's greedy token at each (spec_decode).
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -100,7 +100,7 @@ class TensorParallelExecutor:
 
     def execute(self, output: SchedulerOutput) -> dict[str, int | RequestError]:
         assert self.runner is not None, "execute before attach"
-        batch, sampling = self.runner.prepare(output)
+        batch, plan = self.runner.prepare(output)
         with self._lock:
             self._check()
             try:
@@ -108,7 +108,11 @@ class TensorParallelExecutor:
                 logits = self.runner.forward(batch)
             except Exception as exc:
                 raise self._fail(exc, "during a step") from exc
-        return self.runner.sample(logits, sampling)
+        return self.runner.sample(logits, plan)
+
+    def take_drafts(self) -> dict[str, list[int]]:
+        """No MTP drafts here (speculative_method='mtp' is refused with tensor parallelism)."""
+        return {}
 
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
         assert self.runner is not None, "copy_slots before attach"

@@ -75,6 +75,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.pending: dict[str, list[tuple[int, str]]] = {}
         # Checkpoints recorded since the KV tiers last took them (kv/tiers); None: no tiers.
         self.new_checkpoints: list[tuple[CheckpointKey, int, str]] | None = None
+        # request → the end of the tokens its checkpoints were planned for
+        self.recorded_upto: dict[str, int] = {}
 
     def first_needed_block(self, position: int) -> int:
         """The first block a query at `position` (or later) still reads."""
@@ -187,12 +189,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             self.block_pool.touch(hits)
             self.req_to_blocks[rid] = table
             self.num_hashed[rid] = len(table)
+        records = self.enable_caching and request.replay_start is None  # a replay: approximate
+        since = self.recorded_upto.get(rid, num_computed)
+        if records and since < num_computed:
+            # Accepted draft tokens (speculative decoding) were computed past the last step's
+            # end: their checkpoints now, while their windows are still held.
+            self._record_checkpoints(request, since, num_computed, junctions)
         self._release(table, self.first_needed_block(num_computed))
         new_blocks = self.block_pool.get_new_blocks(plan.num_new_blocks)
         table.extend(new_blocks)
-        if self.enable_caching and request.replay_start is None:  # a replay's window: approximate
-            end = min(end, request.num_tokens)
+        if records:
+            end = min(end, request.num_tokens)  # never a draft's tokens: they may be rejected
             self._record_checkpoints(request, num_computed, end, junctions)
+            self.recorded_upto[rid] = end
         return new_blocks
 
     def free(self, request: Request, tail: PartialTail | None) -> None:
@@ -207,6 +216,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         table = self.req_to_blocks.pop(request.request_id, [])
         self.num_hashed.pop(request.request_id, None)
         self.pending.pop(request.request_id, None)
+        self.recorded_upto.pop(request.request_id, None)
         held = [block for block in reversed(table) if not block.is_null]
         self.block_pool.free_blocks(held, uncached_first=True)
 

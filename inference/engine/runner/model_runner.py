@@ -30,12 +30,13 @@ from inference.engine.attention.attention_backend import GroupSpans, MetadataBui
 from inference.engine.attention.torch_metadata import TorchMetadataBuilder
 from inference.engine.core.request import Request
 from inference.engine.core.request_errors import RequestError
-from inference.engine.core.scheduler_output import SchedulerOutput
+from inference.engine.core.scheduler_output import Sampled, SchedulerOutput
 from inference.engine.kernels.metadata import KernelMetadataBuilder
 from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.runner.sampler import sample
+from inference.engine.spec_decode.mtp import mtp_drafts
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,20 @@ class StepBatch:
     block_copies: list[BlockCopy]
 
 
+@dataclass(slots=True)
+class SamplingPlan:
+    """What rank 0 samples after a step: the sampling requests, the request of each logits row
+    and the draft tokens before it, and (MTP drafting) each position's next token, each
+    sampling request's first logits row and its draft."""
+
+    sampling: list[Request]
+    row_requests: list[Request]
+    row_drafts: list[list[int]]
+    next_ids: list[int]
+    first_rows: list[int]
+    drafts: list[list[int]]
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerSetup:
     """How a ModelRunner is built beyond its model: rank 0 builds its own from this and sends
@@ -67,6 +82,7 @@ class RunnerSetup:
     cuda_graph_max_len: int | None
     max_num_seqs: int
     decode_windows: bool
+    draft_with_mtp: bool = False
 
     def build(self, loaded, device: torch.device, structured) -> ModelRunner:
         return ModelRunner(
@@ -81,6 +97,7 @@ class RunnerSetup:
             cuda_graph_max_len=self.cuda_graph_max_len,
             max_num_seqs=self.max_num_seqs,
             decode_windows=self.decode_windows,
+            draft_with_mtp=self.draft_with_mtp,
         )
 
 
@@ -99,6 +116,7 @@ class ModelRunner:
         max_num_seqs: int = 1,
         decode_windows: bool = True,
         num_window_blocks: int | None = None,  # the sliding group's, if not num_blocks
+        draft_with_mtp: bool = False,  # run the model's MTP layer after each step (its drafts)
     ) -> None:
         self.model = loaded.model.to(dtype)
         self.device = device
@@ -150,6 +168,11 @@ class ModelRunner:
             self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
                 layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
             )
+        if draft_with_mtp and not getattr(self.model, "has_mtp", False):
+            raise ValueError(f"{type(self.model).__name__} has no MTP layer to draft with")
+        self.draft_with_mtp = draft_with_mtp
+        self.drafts: dict[str, list[int]] = {}  # the last step's MTP drafts (take_drafts)
+        self.mtp_context = None  # what the MTP layer reads, from forward to sample
         self.graphs = None
         # A graph records one set of block tables; sliding-window layers with their own window
         # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
@@ -205,27 +228,38 @@ class ModelRunner:
         cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
         self._copy_slots(cache, self._index(src_slots), self._index(dst_slots))
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int | RequestError]:
+    def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
-        the RequestError of one whose sampling or grammar failed)."""
-        batch, sampling = self.prepare(output)
-        return self.sample(self.forward(batch), sampling)
+        the RequestError of one whose sampling or grammar failed). A request with a draft gets
+        the model's greedy token at each draft position and the one after (spec_decode):
+        one logits row each, masked by its grammar as if the draft before it were accepted."""
+        batch, plan = self.prepare(output)
+        return self.sample(self.forward(batch), plan)
 
-    def prepare(self, output: SchedulerOutput) -> tuple[StepBatch, list[Request]]:
-        """The step as flat lists (what every rank of a sharded model runs) and the requests
-        that sample, in the order of the logits rows."""
+    def prepare(self, output: SchedulerOutput) -> tuple[StepBatch, SamplingPlan]:
+        """The step as flat lists (what every rank of a sharded model runs) and what rank 0
+        samples: the request of each logits row, with its draft."""
         input_ids: list[int] = []
         positions: list[int] = []
         sampling: list[Request] = []
         logits_rows: list[int] = []
+        row_requests: list[Request] = []  # the request of each logits row
+        row_drafts: list[list[int]] = []  # the draft tokens before each row
+        next_ids: list[int] = []  # MTP: each position's next token (-1: known once sampled)
+        first_rows: list[int] = []  # MTP: each sampling request's first logits row, as a position
+        sampling_drafts: list[list[int]] = []  # each sampling request's draft
         full = GroupSpans([], [])
         sliding = GroupSpans([], []) if self.has_sliding else None
         for scheduled in output.scheduled:
             request = scheduled.request
+            draft = scheduled.draft_token_ids
             start = request.num_computed_tokens
             end = start + scheduled.num_new_tokens
             query_start = len(input_ids)
-            input_ids.extend(request.all_token_ids[start:end])
+            tokens = request.all_token_ids + draft
+            input_ids.extend(tokens[start:end])
+            if self.draft_with_mtp:
+                next_ids.extend(tokens[start + 1 : end + 1] + [-1] * (end + 1 - len(tokens)))
             positions.extend(range(start, end))
             full.slot_mapping.extend(self._slots(scheduled.block_ids, start, end))
             full.spans.append(ScheduledSpan(query_start, end - start, start, scheduled.block_ids))
@@ -243,47 +277,86 @@ class ModelRunner:
                         window_start=request.replay_start or 0,
                     )
                 )
-            if end == request.num_tokens:
+            if end == request.num_tokens + len(draft):
                 sampling.append(request)
-                logits_rows.append(len(input_ids) - 1)
+                first_row = len(input_ids) - 1 - len(draft)
+                first_rows.append(first_row)
+                sampling_drafts.append(draft)
+                for index in range(len(draft) + 1):
+                    logits_rows.append(first_row + index)
+                    row_requests.append(request)
+                    row_drafts.append(draft[:index])
         batch = StepBatch(input_ids, positions, full, sliding, logits_rows, output.block_copies)
-        return batch, sampling
+        plan = SamplingPlan(
+            sampling, row_requests, row_drafts, next_ids, first_rows, sampling_drafts
+        )
+        return batch, plan
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Copy the step's partial blocks, then run the model: the logits of `logits_rows`
-        (on a sharded model's other ranks, an (N, 0) tensor: rank 0 gathers them)."""
+        (on a sharded model's other ranks, an (N, 0) tensor: rank 0 gathers them). A model
+        drafting with its MTP layer also keeps what the layer reads (for `sample`)."""
         if self.device.type == "cuda":
             # Per thread: triton launches on the current device, and this is the loop thread.
             torch.cuda.set_device(self.device)
         if batch.block_copies:
             self.copy_blocks(batch.block_copies)
+        self.drafts = {}
+        self.mtp_context = None
         full, rows = batch.full, batch.logits_rows
         if self.graphs is not None and self.graphs.can_run(full.spans, len(rows)):
             return self.graphs.run(batch.input_ids, batch.positions, full.slot_mapping, full.spans)
-        return self.model(
+        logits = self.model(
             torch.tensor(batch.input_ids, device=self.device),
             torch.tensor(batch.positions, device=self.device),
             self.kv_caches,
             self.metadata_builder.build(full, batch.sliding),
             torch.tensor(rows, dtype=torch.long, device=self.device),
+            **({"keep_for_draft": True} if self.draft_with_mtp else {}),
         )
+        if self.draft_with_mtp:
+            logits, self.mtp_context = logits
+        return logits
 
-    def sample(
-        self, logits: torch.Tensor, sampling: list[Request]
-    ) -> dict[str, int | RequestError]:
-        """Grammar masks, then one token per sampling request (rank 0 only)."""
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, plan: SamplingPlan) -> dict[str, Sampled]:
+        """Grammar masks, then one token per logits row (rank 0 only); the MTP layer's drafts
+        for the next step (`take_drafts`)."""
+        context, self.mtp_context = self.mtp_context, None
+        sampling, row_requests, row_drafts = plan.sampling, plan.row_requests, plan.row_drafts
+        next_ids, first_rows, sampling_drafts = plan.next_ids, plan.first_rows, plan.drafts
         if not sampling:
+            if context is not None:
+                self._draft_with_mtp(context, next_ids, [], [], [], {})
             return {}
         assert self.structured is not None, "a runner without a structured-output manager"
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
-        failed = self.structured.apply(logits, [r.grammar for r in sampling])
+        drafts = row_drafts if len(row_requests) > len(sampling) else None
+        failed = self.structured.apply(logits, [r.grammar for r in row_requests], drafts)
         tokens = sample(
-            logits, [r.sampling_params for r in sampling], [r.generator for r in sampling]
+            logits, [r.sampling_params for r in row_requests], [r.generator for r in row_requests]
         )
         for row, error in failed.items():
             tokens[row] = error
-        return {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        if drafts is None:
+            result = {r.request_id: t for r, t in zip(sampling, tokens, strict=True)}
+        else:
+            result = _per_request(row_requests, tokens)
+        if context is not None:
+            self._draft_with_mtp(context, next_ids, sampling, first_rows, sampling_drafts, result)
+        return result
+
+    def take_drafts(self) -> dict[str, list[int]]:
+        """The drafts the MTP layer made in the last step, per request id (once)."""
+        drafts, self.drafts = self.drafts, {}
+        return drafts
+
+    def _draft_with_mtp(self, context, next_ids, sampling, first_rows, drafts, sampled) -> None:
+        self.drafts = mtp_drafts(
+            self.model, self.state.mtp_layer, context, next_ids, sampling, first_rows, drafts,
+            sampled, self.device,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Let go of the KV cache (its memory is freed once nothing else holds it)."""
@@ -298,6 +371,19 @@ class ModelRunner:
         """Slot of each position in [start, end); block_ids[0] is block index `first`."""
         size = self.block_size
         return [block_ids[p // size - first] * size + p % size for p in range(start, end)]
+
+
+def _per_request(row_requests: list[Request], tokens: list[int | RequestError]) -> dict:
+    """Rows back to requests: one token, or (a draft's rows) the list of them; a request with a
+    failed row gets that row's error."""
+    rows: dict[str, list[int | RequestError]] = {}
+    for request, token in zip(row_requests, tokens, strict=True):
+        rows.setdefault(request.request_id, []).append(token)
+    result: dict[str, Sampled] = {}
+    for request_id, mine in rows.items():
+        error = next((t for t in mine if isinstance(t, RequestError)), None)
+        result[request_id] = error or (mine if len(mine) > 1 else mine[0])
+    return result
 
 
 def layer_types_of(config) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ at most the compile deadline, or (max_compile_workers > 0) in worker processes k
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import xgrammar as xgr
 
@@ -38,8 +40,37 @@ class GrammarState:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
         self.matcher = xgr.GrammarMatcher(compiled)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, after: Sequence[int] = ()) -> None:
+        """Fill `row` with the tokens allowed next; `after`: as if these (a draft's first
+        tokens, already checked by cut_draft) were accepted first (the matcher is rolled back)."""
+        for token_id in after:
+            accepted = self.matcher.accept_token(token_id)
+            assert accepted, f"draft token {token_id} was refused by the grammar"
+        try:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+        finally:
+            if after:
+                self.matcher.rollback(len(after))
+
+    def cut_draft(self, draft: Sequence[int], *, stop_at_forced: bool) -> list[int]:
+        """The draft's longest prefix the grammar accepts, ending at the first token that
+        completes the grammar or (`stop_at_forced`: jump-forward is on) after which the grammar
+        forces tokens: those are appended by jump-forward, not verified (see spec_decode).
+        The matcher is left as it was."""
+        kept: list[int] = []
+        try:
+            for token_id in draft:
+                if not self.matcher.accept_token(token_id):
+                    break
+                kept.append(token_id)
+                if self.matcher.is_terminated():
+                    break
+                if stop_at_forced and self.matcher.find_jump_forward_tokens():
+                    break
+        finally:
+            if kept:
+                self.matcher.rollback(len(kept))
+        return kept
 
     def accept(self, token_id: int) -> None:
         accepted = self.matcher.accept_token(token_id)
@@ -116,10 +147,15 @@ class StructuredOutputManager:
             shared_pools.release(self._pool)
 
     def apply(
-        self, logits: torch.Tensor, grammars: list[GrammarState | None]
+        self,
+        logits: torch.Tensor,
+        grammars: list[GrammarState | None],
+        drafts: list[Sequence[int]] | None = None,
     ) -> dict[int, RequestError]:
-        """Mask logits rows (N, vocab) in place for the rows that have a grammar. Returns the
-        rows whose grammar failed (those rows are left unmasked: their request is failed)."""
+        """Mask logits rows (N, vocab) in place for the rows that have a grammar; `drafts`: per
+        row, the draft tokens before it (a verification step's rows: the grammar as if they
+        were accepted). Returns the rows whose grammar failed (those rows are left unmasked:
+        their request is failed)."""
         rows = [i for i, grammar in enumerate(grammars) if grammar is not None]
         if not rows:
             return {}
@@ -129,7 +165,7 @@ class StructuredOutputManager:
         failed: dict[int, RequestError] = {}
         for row in rows:
             try:
-                grammars[row].fill_bitmask(bitmask, row)
+                grammars[row].fill_bitmask(bitmask, row, drafts[row] if drafts else ())
             except Exception as exc:
                 failed[row] = RequestError(f"its grammar failed: {type(exc).__name__}: {exc}")
         rows = [row for row in rows if row not in failed]

@@ -185,6 +185,22 @@ def test_cli_runs_the_engine_and_prints_json(capsys) -> None:
     assert data["machine"]["nproc"] >= 1
 
 
+def test_cli_ngram_run_matches_the_cached_run_and_reports_its_drafts(capsys) -> None:
+    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+            "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached,ngram",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    ngram, cached = data["runs"]["ngram"], data["runs"]["cached"]
+    assert ngram["notes"] == ["outputs identical to cached's: 2/2"]
+    assert ngram["mean_output_tokens"] == cached["mean_output_tokens"]
+    assert cached["spec_acceptance_rate"] is None
+    stats = ngram["engine_stats"]
+    if stats["num_spec_verifications"]:  # random weights: drafts only where outputs repeat
+        assert ngram["spec_tokens_per_step"] >= 1
+    assert data["ratios"]["ngram_requests_per_min_over_cached"]["value"] > 0
+
+
 def test_cli_rejects_unknown_runs(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--runs", "cached,fastest"])

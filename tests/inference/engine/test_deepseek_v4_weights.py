@@ -51,7 +51,7 @@ def deepseek_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name == "lm_head.weight":
             out["head.weight"] = tensor
             continue
-        name = name.removeprefix("model.")
+        name = name.removeprefix("model.").replace("mtp.0.block.", "mtp.0.")
         name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
         name = name.replace("hc_head.hc_", "hc_head_")
         for ours, theirs in _TO_DEEPSEEK:
@@ -69,6 +69,13 @@ def deepseek_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _ours(deepseek_name: str) -> str:
+    """The model's prefix for a DeepSeek name's layer (a main layer or the MTP layer's block)."""
+    if deepseek_name.startswith("mtp.0."):
+        return "mtp.0.block." + deepseek_name.removeprefix("mtp.0.")
+    return "model." + deepseek_name
+
+
 @pytest.fixture(scope="module")
 def state():
     return load_model(NAME, torch.device("cpu")).model.state_dict()
@@ -78,7 +85,10 @@ def test_deepseek_names_map_back_to_ours(state):
     checkpoint = deepseek_names(state)
     assert "layers.1.attn.indexer.compressor.ape" in checkpoint
     assert "layers.2.ffn.experts.7.w3.weight" in checkpoint and "hc_head_fn" in checkpoint
-    checkpoint["mtp.0.eh_proj.weight"] = torch.zeros(2, 2)  # the MTP layer is left out
+    # The MTP layer as DeepSeek's inference code names it (its block's tensors like a layer's).
+    assert "mtp.0.attn.wq_a.weight" in checkpoint and "mtp.0.hc_head_fn" in checkpoint
+    assert "mtp.0.ffn.experts.7.w2.weight" in checkpoint and "mtp.0.norm.weight" in checkpoint
+    assert "mtp.0.hc_attn_fn" in checkpoint and "mtp.0.e_proj.weight" in checkpoint
     loaded = to_model_names(checkpoint)
     assert sorted(loaded) == sorted(state)
     for name, tensor in state.items():
@@ -115,7 +125,7 @@ def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp
         quantized = (weight / scale).to(torch.float8_e4m3fn)
         checkpoint[name] = quantized
         checkpoint[name.replace(".weight", ".scale")] = scale
-        ours = "model." + name.replace(".attn.", ".self_attn.").replace(".wq_a.", ".q_a_proj.")
+        ours = _ours(name).replace(".attn.", ".self_attn.").replace(".wq_a.", ".q_a_proj.")
         ours = ours.replace(".wo_b.", ".o_b_proj.")
         expected[ours] = quantized.float() * scale
     table = torch.tensor(
@@ -130,8 +140,8 @@ def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp
         checkpoint[name] = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
         checkpoint[name.replace(".weight", ".scale")] = exponents
         value = table[codes] * 2.0**-6
-        layer, index, which = name.split(".")[1], int(name.split(".")[4]), name.split(".")[5]
-        prefix = f"model.layers.{layer}.mlp.experts."
+        index, which = int(name.split(".")[4]), name.split(".")[5]
+        prefix = _ours(name.split(".experts.")[0]).replace(".ffn", ".mlp") + ".experts."
         half = state[prefix + "gate_up_proj"].shape[1] // 2
         if which == "w1":
             expected[prefix + "gate_up_proj"] = expected[prefix + "gate_up_proj"].clone()

@@ -54,6 +54,9 @@ class DeepseekV4Config:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 1048576
     tie_word_embeddings: bool = False
+    # Multi-token-prediction layers (`num_nextn_predict_layers`; V4 Flash ships one): built and
+    # loaded when present, used as the draft of speculative_method="mtp" (deepseek_v4.mtp).
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         for name, kinds, allowed in (
@@ -145,6 +148,7 @@ class DeepseekV4Config:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(hf.get("max_position_embeddings", 1048576)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            num_mtp_layers=int(hf.get("num_nextn_predict_layers", 0)),
         )
 
     @property
@@ -175,8 +179,9 @@ class DeepseekV4Config:
 
     def window_bytes_per_token(self) -> int:
         """fp32 bytes a token holds in the sliding group, across layers: K=V for every layer,
-        plus its compressor's raw (kv, gate) projections in CSA and HCA layers."""
-        width = self.num_layers * self.head_dim
+        plus its compressor's raw (kv, gate) projections in CSA and HCA layers; an MTP layer
+        keeps its own K=V (sliding attention only)."""
+        width = (self.num_layers + min(self.num_mtp_layers, 1)) * self.head_dim
         for kind in self.attention_kinds:
             width += self.projection_width(kind)
         return 4 * width

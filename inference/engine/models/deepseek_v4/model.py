@@ -14,19 +14,23 @@ random one, written the same way) loads with `load_state_dict`. Per layer:
 
 The per-request state lives in deepseek_v4.state (which group holds what, and why that
 resumes exactly at any position). Attention runs per sequence in torch (no kernel yet).
-The checkpoint's multi-token-prediction layer (`mtp.*`) is not used.
+The checkpoint's multi-token-prediction layer (`mtp.0.*`), when its config declares one, is
+built and loaded (deepseek_v4.mtp) and drafts a token per step for speculative decoding.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from inference.engine.models.deepseek_v4.attention import Attention
-from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.hyper_connections import HyperConnection, HyperHead, mix
 from inference.engine.models.deepseek_v4.layers import RMSNorm, Ropes, Rotary, rope_inv_freq
 from inference.engine.models.deepseek_v4.moe import MoE
+from inference.engine.models.deepseek_v4.mtp import MTPLayer
 from inference.engine.models.deepseek_v4.state import (
     DeepseekV4Metadata,
     DeepseekV4MetadataBuilder,
@@ -36,11 +40,29 @@ from inference.engine.models.deepseek_v4.state import (
 from inference.engine.models.deepseek_v4.weights import to_model_names
 
 
+@dataclass(slots=True)
+class DraftContext:
+    """What the MTP layer reads from the step's main forward."""
+
+    streams: torch.Tensor  # (T, hc_mult, hidden): after the last layer, before the head
+    positions: torch.Tensor
+    ropes: Ropes
+    meta: DeepseekV4Metadata
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DeepseekV4Config, index: int) -> None:
+    def __init__(
+        self,
+        config: DeepseekV4Config,
+        index: int,
+        *,
+        attention_kind: str | None = None,  # the MTP layer's (past the config's lists)
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, config.attention_kinds[index])
-        self.mlp = MoE(config, config.mlp_kinds[index] == "hash_moe")
+        self.self_attn = Attention(config, attention_kind or config.attention_kinds[index])
+        # The MTP layer's (index num_layers) is top-k routed: hash routing is the first layers'.
+        is_hash = index < config.num_layers and config.mlp_kinds[index] == "hash_moe"
+        self.mlp = MoE(config, is_hash)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attn_hc = HyperConnection(config)
@@ -81,6 +103,15 @@ class DeepseekV4ForCausalLM(nn.Module):
                 ),
             }
         )
+        # Last, so a checkpoint's random init draws the main weights as before (tiny.py).
+        self.mtp = nn.ModuleList(
+            MTPLayer(config, DecoderLayer(config, config.num_layers, attention_kind=SLIDING))
+            for _ in range(min(config.num_mtp_layers, 1))
+        )
+
+    @property
+    def has_mtp(self) -> bool:
+        return len(self.mtp) > 0
 
     # ---- the engine's seam: its own state layout and metadata --------------------------------
 
@@ -107,7 +138,11 @@ class DeepseekV4ForCausalLM(nn.Module):
         states: list[LayerState],  # per layer
         meta: DeepseekV4Metadata,
         logits_indices: torch.Tensor,  # (N,) rows whose next-token logits are wanted
-    ) -> torch.Tensor:
+        *,
+        keep_for_draft: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, DraftContext]:
+        """The logits of `logits_indices`; with `keep_for_draft`, also what the MTP layer's
+        draft step reads (draft_logits)."""
         x = self.model.embed_tokens(input_ids)  # (T, hidden)
         streams = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()  # (T, n, hidden)
         compress = self.rotary["compress"]
@@ -115,16 +150,42 @@ class DeepseekV4ForCausalLM(nn.Module):
         for layer, state in zip(self.model.layers, states, strict=True):
             streams = layer(streams, input_ids, positions, ropes, state, meta)
         h = self.model.norm(self.model.hc_head(streams[logits_indices]))
+        logits = self.lm_head(h)  # (N, vocab)
+        if keep_for_draft:
+            return logits, DraftContext(streams, positions, ropes, meta)
+        return logits
+
+    @torch.inference_mode()
+    def draft_logits(
+        self,
+        context: DraftContext,
+        next_ids: torch.Tensor,  # (T,) each row's next token
+        state: LayerState,  # the MTP layer's (DeepseekV4State.mtp_layer)
+        rows: torch.Tensor,  # (N,) rows to draft from
+    ) -> torch.Tensor:
+        """The MTP layer over the step's rows (its K=V written at every one), and its logits
+        at `rows`: the token after each row's next token."""
+        mtp = self.mtp[0]
+        h = mtp(
+            context.streams,
+            self.model.embed_tokens(next_ids),
+            next_ids,
+            context.positions,
+            context.ropes,
+            state,
+            context.meta,
+            rows,
+        )
         return self.lm_head(h)  # (N, vocab)
 
     @torch.inference_mode()
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """DeepSeek's names and FP8/FP4 weights (deepseek_v4.weights) or transformers' names;
-        the MTP layer's tensors (`mtp.*`) are left out."""
+        the MTP layer's tensors (`mtp.0.*`) are loaded when the config declares the layer,
+        left out otherwise."""
         weights = to_model_names(weights)
-        weights = {
-            k: v for k, v in weights.items() if not k.startswith("mtp.") and ".mtp." not in k
-        }
+        if not self.has_mtp:
+            weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
         if self.config.tie_word_embeddings and "lm_head.weight" not in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         result = self.load_state_dict(weights, strict=False)

@@ -68,7 +68,8 @@ class DeepseekV4State:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         hd, ihd = config.head_dim, config.index_head_dim
-        self.window = zeros(len(kinds), num_slots, hd)
+        num_mtp = min(config.num_mtp_layers, 1)  # the MTP layer's K=V: one more window row
+        self.window = zeros(len(kinds) + num_mtp, num_slots, hd)
         self.csa_projections = zeros(len(csa), num_slots, config.projection_width(CSA))
         self.hca_projections = zeros(len(hca), num_slots, config.projection_width(HCA))
         num_csa_entries = num_blocks * self.csa_entries_per_block
@@ -86,6 +87,7 @@ class DeepseekV4State:
             else:
                 parts = (None, None, None)
             self.layers.append(LayerState(self.window[i], *parts))
+        self.mtp_layer = LayerState(self.window[len(kinds)], None, None, None) if num_mtp else None
 
     def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
         """Each copy's first num_slots slots (sliding group) or the entries of the windows that

@@ -3,7 +3,8 @@ written once as a Hugging Face checkpoint directory and then loaded like a real 
 
 Six layers cover every kind the real model has: sliding-only, CSA and HCA attention (at the
 real window 128 and rates 4 / 128), hash-routed and top-k routed MoE, mHC with 4 streams, the
-YaRN compress rope. The indexer keeps 8 entries per query, so past 32 tokens CSA is sparse;
+YaRN compress rope, and one multi-token-prediction layer (`mtp.0`, the draft of
+speculative_method="mtp"). The indexer keeps 8 entries per query, so past 32 tokens CSA is sparse;
 it has 16 heads because with few heads an entry often scores exactly 0 (every head's ReLU
 at 0), and top-k among tied entries depends on how many entries there are (a chunked
 prefill then picks differently from a single pass: seen with 4 heads). The real model
@@ -79,7 +80,7 @@ TINY_CONFIG = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 8192,
     "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 0,
+    "num_nextn_predict_layers": 1,
 }
 
 

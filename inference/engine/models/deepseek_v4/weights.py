@@ -102,7 +102,10 @@ def to_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
     for name, tensor in weights.items():
         if name.startswith("mtp."):
-            continue  # the multi-token-prediction layer is not used
+            name = _mtp_name(name)
+            if name.startswith("mtp."):  # the MTP layer's own tensors
+                renamed[name] = tensor
+                continue
         for pattern, replacement in _RENAMES:
             name = re.sub(pattern, replacement, name)
         if not name.startswith("lm_head."):
@@ -128,7 +131,34 @@ def to_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # gate_up = [w1; w3] per expert (gate rows first), down = w2
         renamed[f"{prefix}.gate_up_proj"] = torch.cat([stacked("w1"), stacked("w3")], dim=1)
         renamed[f"{prefix}.down_proj"] = stacked("w2")
-    return renamed
+    block = f"model.layers.{_MTP_BLOCK}."
+    return {
+        (f"mtp.0.block.{name[len(block) :]}" if name.startswith(block) else name): tensor
+        for name, tensor in renamed.items()
+    }
+
+
+# The MTP layer (deepseek_v4.mtp), as DeepSeek's `inference/model.py` MTPBlock names it:
+# `mtp.0.{e_proj,h_proj}.weight`, `mtp.0.{enorm,hnorm,norm}.weight`, `mtp.0.hc_head_{fn,base,
+# scale}`, and its block's tensors under the names a main layer's have (`mtp.0.attn.wq_a...`,
+# `mtp.0.ffn.experts.3.w1...`, `mtp.0.hc_attn_fn`): those are renamed as a layer's, under a
+# layer index no model has, then moved under `mtp.0.block.`.
+_MTP_BLOCK = 1_000_000
+_MTP_OWN = re.compile(r"^mtp\.0\.(e_proj|h_proj|enorm|hnorm|norm)\.")
+_MTP_HC_HEAD = re.compile(r"^mtp\.0\.hc_head_(fn|base|scale)(\.weight)?$")
+
+
+def _mtp_name(name: str) -> str:
+    """A DeepSeek MTP tensor's name: its own (`mtp.0.…` in the model's names), or for its
+    block's a main layer's DeepSeek name to rename like the others."""
+    if _MTP_OWN.match(name):
+        return name
+    match = _MTP_HC_HEAD.match(name)
+    if match:
+        return f"mtp.0.hc_head.hc_{match[1]}"
+    if not name.startswith("mtp.0."):
+        raise ValueError(f"{name}: only one MTP layer (mtp.0) is supported")
+    return f"layers.{_MTP_BLOCK}.{name[len('mtp.0.') :]}"
 
 
 def _dequantized(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
