@@ -101,6 +101,7 @@ class CompletionMetrics:
     num_cold_tokens: int | None = None
     reuse_source: str | None = None
     num_replayed_tokens: int | None = None  # DeepSeek-V4's bounded replay (approximate)
+    weights: str | None = None  # the engine's weight format: "fp32" | "int8" | "int4"
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -125,6 +126,7 @@ class CompletionMetrics:
             num_cold_tokens=metrics.num_cold_tokens,
             reuse_source=metrics.reuse_source,
             num_replayed_tokens=metrics.num_replayed_tokens,
+            weights=metrics.weights,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -149,6 +151,7 @@ class CompletionMetrics:
             "num_cold_tokens": self.num_cold_tokens,
             "reuse_source": self.reuse_source,
             "num_replayed_tokens": self.num_replayed_tokens,
+            "weights": self.weights,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -178,6 +181,7 @@ class CompletionMetrics:
             num_cold_tokens=data.get("num_cold_tokens"),
             reuse_source=data.get("reuse_source"),
             num_replayed_tokens=data.get("num_replayed_tokens"),
+            weights=data.get("weights"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

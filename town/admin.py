@@ -353,7 +353,7 @@ class DecisionAdmin(admin.ModelAdmin):
         ("Output", {"fields": ["raw_output", "finish_reason", "output_token_ids"]}),
         (
             "Engine metrics (vLLM definitions)",
-            {"fields": [_rounded_name(name) for name in DECISION_METRICS]},
+            {"fields": ["weights", *(_rounded_name(name) for name in DECISION_METRICS)]},
         ),
         ("Timeline", {"fields": DECISION_TIMELINE}),
     ]
@@ -375,7 +375,7 @@ class DecisionAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # A decision is a record of what happened: nothing on it is edited by hand.
         rounded = [_rounded_name(name) for name in DECISION_FLOAT_FIELDS]
-        return [f.name for f in Decision._meta.fields] + ["prompt", "schema", *rounded]
+        return [f.name for f in Decision._meta.fields] + ["prompt", "schema", "weights", *rounded]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -395,6 +395,11 @@ class DecisionAdmin(admin.ModelAdmin):
     @admin.display(description="hit")
     def cache_hit(self, decision: Decision) -> str:
         return percent_html(decision.num_cached_tokens, decision.num_prompt_tokens)
+
+    @admin.display(description="weights")
+    def weights(self, decision: Decision) -> str:
+        """The engine's weight format this decision ran with (fp32 | int8 | int4)."""
+        return (decision.metrics or {}).get("weights") or "-"
 
     @admin.display(description="JSON schema")
     def schema(self, decision: Decision) -> str:

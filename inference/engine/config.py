@@ -24,6 +24,9 @@ from inference.engine.structured_output.schema_limits import SchemaLimits
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# Linear-layer weights: fp32 (the exact reference), weight-only int8 / int4 on torch's CPU
+# kernels (models/quantized_linear.py), or "auto": resolved at load (models.resolve_weights).
+WEIGHT_FORMATS = ("fp32", "int8", "int4", "auto")
 
 
 @dataclass(slots=True)
@@ -123,8 +126,17 @@ class RunnerConfig:
     # attention call per window of nearby slots (see decode_windows). Off: one call per span.
     enable_decode_windows: bool = True
     num_threads: int | None = None
+    # The attention and MLP projections (and the lm head) as weight-only quantized layers,
+    # re-quantized at load from the GGUF's values; CPU only. "auto": the fastest format whose
+    # town decisions agree with fp32 (docs/PERFORMANCE.md), fp32 where none applies.
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r} "
+                "(int8/int4: weight-only quantized linear layers on the CPU)"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in _ATTENTION_BACKENDS:
@@ -241,6 +253,11 @@ class EngineConfig:
             raise ValueError(
                 f"dtype {dtype!r} needs device='cuda': this CPU path runs float32 only "
                 "(half-precision matmuls are ~500× slower than float32 on these CPUs)"
+            )
+        if on_cuda and self.runner.weights in ("int8", "int4"):
+            raise ValueError(
+                f"weights={self.runner.weights!r} runs torch's CPU kernels only; use "
+                "weights='fp32' or 'auto' with device='cuda'"
             )
         if backend == "auto":
             backend = "triton" if on_cuda else "torch"

@@ -107,7 +107,8 @@ class LLMEngine:
         if running.num_threads:
             torch.set_num_threads(running.num_threads)
         self.device = torch.device(config.device)
-        loaded = load_model(config.model, self.device, config.seed)
+        loaded = load_model(config.model, self.device, config.seed, running.weights)
+        self.weights = loaded.weights  # "auto" resolved: what every request's metrics report
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         self.max_model_len = min(
@@ -316,6 +317,7 @@ class LLMEngine:
                 num_junction_checkpoints=cache.num_junction_checkpoints,
                 num_partial_block_copies=cache.num_partial_block_copies,
                 num_pinned_blocks=self.pinned.num_pinned_blocks(),
+                weights=self.weights,
             )
 
     @property
@@ -510,7 +512,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             text=text,
             finish_reason=request.status.value,
-            metrics=request.metrics(),
+            metrics=request.metrics(self.weights),
         )
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -40,6 +40,8 @@ class RequestMetrics:
     # Bounded replay: prompt tokens recomputed with their window truncated to the replayed span
     # (counted in num_lost_to_retention too); 0 when the reuse was exact.
     num_replayed_tokens: int = 0
+    # The format the model's linear layers ran in (EngineConfig.weights, "auto" resolved).
+    weights: str = "fp32"
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -107,6 +109,7 @@ class EngineStats:
     num_junction_checkpoints: int = 0
     num_partial_block_copies: int = 0
     num_pinned_blocks: int = 0
+    weights: str = "fp32"  # the linear layers' format (EngineConfig.weights, "auto" resolved)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

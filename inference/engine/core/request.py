@@ -100,7 +100,8 @@ class Request:
         if self.on_token is not None:  # streaming: sampled and jump-forward tokens alike
             self.on_token(token_id)
 
-    def metrics(self) -> RequestMetrics:
+    def metrics(self, weights: str = "fp32") -> RequestMetrics:
+        """The request's metrics; `weights`: the format the engine's model ran."""
         arrival = self.arrival_time
         scheduled = self.first_scheduled_time or arrival
         first = self.first_token_time or scheduled
@@ -123,4 +124,5 @@ class Request:
             num_cold_tokens=reuse.num_cold_tokens,
             reuse_source=self.reuse_source,
             num_replayed_tokens=reuse.num_replayed_tokens,
+            weights=weights,
         )

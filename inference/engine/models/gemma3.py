@@ -197,6 +197,8 @@ class Gemma3ForCausalLM(nn.Module):
                 "sliding": Gemma3Rotary(cfg.head_dim, cfg.rope_local_theta),
             }
         )
+        # The head is the embedding (tied); quantized weights give it a module of its own.
+        self.lm_head: nn.Module | None = None
         # As transformers: sqrt(hidden) rounded to the weights' dtype before it multiplies.
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
 
@@ -215,6 +217,8 @@ class Gemma3ForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope[layer.layer_type], kv_cache, meta)
         x = F.rms_norm(x[logits_indices], x.shape[-1:], self.norm, self.config.rms_norm_eps)
+        if self.lm_head is not None:
+            return self.lm_head(x)  # (N, vocab)
         return F.linear(x, weight)  # (N, vocab): the lm_head is the embedding
 
     @torch.inference_mode()
