@@ -103,12 +103,22 @@ class SchedulerConfig:
     enable_shared_prefill: bool = True
     # JSON-schema output: append the tokens the grammar forces without a model step of their own.
     enable_jump_forward: bool = True
+    # While some request is decoding, a prefill chunk is at most this many tokens, so decodes
+    # are not stalled behind a full max_num_batched_tokens chunk (None: no cap). Measured:
+    # docs/PERFORMANCE.md, "Quantized weights and a leaner decode step".
+    prefill_chunk_while_decoding: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
+        chunk = self.prefill_chunk_while_decoding
+        if chunk is not None and not 1 <= chunk <= self.max_num_batched_tokens:
+            raise ValueError(
+                f"prefill_chunk_while_decoding must be in [1, max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}] (or None), got {chunk}"
+            )
 
 
 @dataclass(slots=True)

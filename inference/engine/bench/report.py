@@ -88,8 +88,11 @@ def invalid_outputs(run: RunResult) -> list[dict[str, str]]:
     ]
 
 
-def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
-    """The issue's three targets (and jump-forward's gain), from the runs that were run."""
+def ratios(summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 4) -> list[Ratio]:
+    """The issues' targets (and jump-forward's gain), from the runs that were run; against
+    llama.cpp (one request at a time): requests/min ≥ 1.5× on the one-tick workload, ≥ 2× on
+    the two-tick one, aggregate decode tokens/s at `concurrency` in flight ≥ 2× its
+    single-stream rate and per request ≥ 0.5× of it."""
 
     def ratio(top: str, field: str, bottom: str) -> float | None:
         if top not in summaries or bottom not in summaries:
@@ -110,10 +113,26 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
         # Nor this: what reading the decoding sequences' contexts window by window buys.
         Ratio("decode_windows_decode_per_token_over_span_by_span",
               ratio("cached", "decode_s_per_token", "no_windows"), 1.0, False),
+        Ratio("engine_vs_llamacpp_requests_per_min",
+              ratio("cached", "requests_per_min", "llamacpp"), 2.0 if ticks == 2 else 1.5, True),
+        Ratio("engine_aggregate_decode_vs_llamacpp_single_stream",
+              _times(ratio("llamacpp", "decode_s_per_token", "cached"), concurrency), 2.0, True),
+        Ratio("engine_per_request_decode_vs_llamacpp",
+              ratio("llamacpp", "decode_s_per_token", "cached"), 0.5, True),
     ]  # fmt: skip
 
 
-def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def to_json(
+    meta: dict[str, Any],
+    runs: list[RunResult],
+    summaries: dict[str, RunSummary],
+    ticks: int = 1,
+    concurrency: int = 4,
+) -> str:
     return json.dumps(
         {
             **meta,
@@ -129,7 +148,7 @@ def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, Ru
             },
             "ratios": {
                 r.name: {"value": r.value, "target": r.target, "passed": r.passed}
-                for r in ratios(summaries)
+                for r in ratios(summaries, ticks, concurrency)
             },
         },
         ensure_ascii=False,
@@ -154,7 +173,9 @@ _ROWS = [
 ]
 
 
-def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+def format_table(
+    runs: list[RunResult], summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 4
+) -> str:
     """A markdown table, one column per run, then the valid-JSON counts, notes and ratios."""
     names = [run.name for run in runs]
     lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
@@ -176,7 +197,7 @@ def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str
         for bad in invalid_outputs(run)
     ]
     lines.append("")
-    for r in ratios(summaries):
+    for r in ratios(summaries, ticks, concurrency):
         sign = "≥" if r.higher_is_better else "≤"
         if r.value is None:
             lines.append(f"{r.name}: skipped (target {sign} {r.target:g})")

@@ -161,6 +161,7 @@ class LLMEngine:
             tokenizer=self.tokenizer,
             max_model_len=self.max_model_len,
             enable_jump_forward=scheduling.enable_jump_forward,
+            prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
