@@ -201,6 +201,9 @@ INFERENCE_ENGINE = {
     # Sliding-window models keep window checkpoints only every N tokens (vLLM's
     # --prefix-cache-retention-interval); no effect on models without sliding layers.
     "retention_interval": env_retention_interval("POKOMACHI_RETENTION_INTERVAL"),
+    # The linear layers' format: "auto" runs the fastest whose town decisions agree with fp32
+    # (int8 on the CPU, measured in docs/PERFORMANCE.md); "fp32" is the exact reference.
+    "weights": env_str("POKOMACHI_WEIGHTS", "auto"),
 }
 # Torch threads per engine (unset: torch's default, every core). `make run` with several nodes on
 # one machine gives each worker its share of the cores.

@@ -49,7 +49,7 @@ _ENV_NAMES = (
     "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE", "POKOMACHI_OPENAI_BASE_URL",
     "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
     "CF_ACCESS_TEAM_DOMAIN", "CF_ACCESS_AUD", "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS",
-    "POKOMACHI_HSTS_SECONDS",
+    "POKOMACHI_HSTS_SECONDS", "POKOMACHI_WEIGHTS",
 )  # fmt: skip
 
 
@@ -95,6 +95,7 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "model": "smollm2-135m-instruct",
         "device": "cpu",
         "retention_interval": None,  # dense: a window checkpoint at every block
+        "weights": "auto",
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
@@ -113,6 +114,7 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_OPENAI_BASE_URL="http://gpu1:8000/v1",
         POKOMACHI_OPENAI_MODEL="HuggingFaceTB/SmolLM2-135M-Instruct",
         POKOMACHI_RETENTION_INTERVAL="2048",
+        POKOMACHI_WEIGHTS="fp32",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
@@ -123,6 +125,7 @@ def test_base_reads_the_environment(tmp_path):
         "model": "smollm2-tiny-random",
         "device": "cuda:1",
         "retention_interval": 2048,
+        "weights": "fp32",
     }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False

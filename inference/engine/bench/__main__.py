@@ -22,6 +22,7 @@ shared head on and off (see fanout).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -90,7 +91,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="2: --requests / 2 residents asked twice, each one's own head repeating on tick 2",
     )
     parser.add_argument(
-        "--weights", default="fp32", help="engine weight format: fp32 | int8 | int4 | auto"
+        "--weights",
+        default="fp32",
+        help="engine weight format (fp32 | int8 | int4 | auto); a comma-separated list adds a "
+        "cached_<format> run for each format after the first",
     )
     parser.add_argument(
         "--prefill-chunk-while-decoding",
@@ -154,6 +158,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag in ("requests", "concurrency", "max_tokens", "baseline_requests"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    args.weights, *args.more_weights = [w.strip() for w in args.weights.split(",")]
     if args.requests % args.ticks:
         parser.error(f"--requests must be a multiple of --ticks ({args.ticks})")
     args.baseline_requests = min(args.baseline_requests, args.requests)
@@ -306,6 +311,25 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         finally:
             engine.shutdown()
         _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+    for weights in args.more_weights:
+        spec = dataclasses.replace(ENGINE_RUNS["cached"], name=f"cached_{weights}")
+        spec = dataclasses.replace(spec, description=f"{spec.description}, {weights} weights")
+        _progress(f"{spec.name}: loading a fresh engine")
+        engine = _engine(args, True, weights=weights)
+        try:
+            workload = workload or _workload(engine, args)
+            runs.append(
+                run_engine(
+                    engine,
+                    spec,
+                    workload,
+                    concurrency=args.concurrency,
+                    max_tokens=args.max_tokens,
+                )
+            )
+        finally:
+            engine.shutdown()
+        _progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
     tokenizer = load_tokenizer(args.model)
     if workload is None:  # only the baselines: the workload is still measured in engine tokens
         workload = _workload_of(tokenizer, args)
@@ -402,7 +426,7 @@ def _meta(args: argparse.Namespace, workload: Workload, started: str, load: floa
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,
             "ticks": args.ticks,
-            "weights": args.weights,
+            "weights": ",".join([args.weights, *args.more_weights]),
             "prefill_chunk_while_decoding": args.prefill_chunk_while_decoding,
             "head_tokens": workload.num_head_tokens,
             "shared_prefix_tokens": workload.num_shared_prefix_tokens,

@@ -100,6 +100,13 @@ def ratios(summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 
         denominator = getattr(summaries[bottom], field)
         return getattr(summaries[top], field) / denominator if denominator else None
 
+    # Not targets: the main run against the same run with other weights (--weights a,b).
+    other_weights = [
+        Ratio(f"cached_over_{name}_{field}", ratio("cached", field, name), 1.0, higher)
+        for name in summaries
+        if name.startswith("cached_")
+        for field, higher in (("requests_per_min", True), ("decode_s_per_token", False))
+    ]
     return [
         Ratio("engine_vs_transformers_requests_per_min",
               ratio("cached", "requests_per_min", "transformers"), 5.0, True),
@@ -119,6 +126,7 @@ def ratios(summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 
               _times(ratio("llamacpp", "decode_s_per_token", "cached"), concurrency), 2.0, True),
         Ratio("engine_per_request_decode_vs_llamacpp",
               ratio("llamacpp", "decode_s_per_token", "cached"), 0.5, True),
+        *other_weights,
     ]  # fmt: skip
 
 

@@ -320,10 +320,12 @@ def test_llamacpp_run_refuses_random_weights(tiny_engine) -> None:
 def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None:
     argv = ["--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached",
-            "--ticks", "2", "--weights", "int8", "--prefill-chunk-while-decoding", "64",
+            "--ticks", "2", "--weights", "int8,fp32", "--prefill-chunk-while-decoding", "64",
             "--json"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["workload"]["ticks"] == 2 and data["workload"]["weights"] == "int8"
+    assert data["workload"]["ticks"] == 2 and data["workload"]["weights"] == "int8,fp32"
     assert data["runs"]["cached"]["num_valid_json"] == 4
+    assert data["runs"]["cached_fp32"]["num_valid_json"] == 4
+    assert data["ratios"]["cached_over_cached_fp32_requests_per_min"]["value"] > 0
     assert data["compute_floor"]["decode_step_s"] > 0
