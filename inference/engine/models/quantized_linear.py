@@ -12,7 +12,7 @@ other layouts — Q4_1's per-block min, Q4_K's 6-bit super-block scales — that
 not read as they are). Both kernels are fast only with bf16 activations on this AVX2 CPU (fp32
 activations take a scalar path, ~5-10× slower), so decode rows go in as bf16 and come out fp32.
 At prefill sizes the kernels lose to fp32 GEMM by 4-30× (measured, docs/PERFORMANCE.md), so a
-batch of more than `max_kernel_rows` rows dequantizes the codes to fp32 and runs F.linear:
+batch of more than MAX_KERNEL_ROWS rows dequantizes the codes to fp32 and runs F.linear:
 prefill reads the same quantized weights, dequantized once per call.
 """
 
@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 INT4_GROUP_SIZE = 32
-# Rows up to this go through the quantized kernel (decode steps: one row per sequence);
-# more rows (prefill chunks) dequantize and use fp32 GEMM.
-MAX_KERNEL_ROWS = 16
+# Rows up to this go through the quantized kernel (decode steps: a row per sequence, plus the
+# tokens jump-forward appended); more rows (prefill chunks) dequantize and use fp32 GEMM. The
+# kernels' cost grows with the rows (~4-5x fp32 GEMM at 64 rows), the dequantization's does not.
+MAX_KERNEL_ROWS = 32
 
 
 class QuantizedLinear(nn.Module):
