@@ -7,10 +7,15 @@ EngineConfig(weights=...) picks the format (config.WEIGHT_FORMATS):
   size), w ≈ (code - 8) * scale + zero with code in [0, 15], scale = (max - min) / 15 and
   zero = min + 8 * scale per group; decode rows go through `aten._weight_int4pack_mm_for_cpu`.
 
-The codes are re-quantized from the GGUF's dequantized fp32 values (the file's own blocks use
-other layouts — Q4_1's per-block min, Q4_K's 6-bit super-block scales — that these kernels do
-not read as they are). Both kernels are fast only with bf16 activations on this AVX2 CPU (fp32
-activations take a scalar path, ~5-10× slower), so decode rows go in as bf16 and come out fp32.
+The codes are re-quantized from the GGUF's dequantized fp32 values: the kernels want their own
+packed layouts. For a Q4_1 tensor (SmolLM2's projections: 32 weights, a scale and a min per
+block, the codes spanning 0..15) the int4 groups are the file's blocks and the re-quantized
+codes are exactly the file's (checked: zero error in fp32); the kernel then holds scale and
+zero in bf16. Q4_K (Gemma 3) has 6-bit sub-block scales: re-quantized, not exact. The output
+head is int8 in both formats (the file keeps it at 8 bits: Q8_0 for SmolLM2).
+
+Both kernels are fast only with bf16 activations on this AVX2 CPU (fp32 activations take a
+slow path, ~5-20× slower), so decode rows go in as bf16 and come out fp32.
 At prefill sizes the kernels lose to fp32 GEMM by 4-30× (measured, docs/PERFORMANCE.md), so a
 batch of more than MAX_KERNEL_ROWS rows dequantizes the codes to fp32 and runs F.linear:
 prefill reads the same quantized weights, dequantized once per call.
@@ -122,13 +127,17 @@ PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def quantize_model(model: nn.Module, fmt: str, lm_head: bool = True) -> int:
-    """Quantize a model's projections and, with `lm_head`, its output head; a head tied to
-    the embedding (model.lm_head is None: Gemma 3) gets a quantized copy of the embedding,
-    the embedding itself stays fp32 (a lookup reads one row a token). Returns the count."""
-    names = PROJECTIONS + (("lm_head",) if lm_head else ())
-    count = quantize_linears(model, fmt, names)
-    if fmt != "fp32" and lm_head and getattr(model, "lm_head", False) is None:
-        model.lm_head = QuantizedLinear(model.embed_tokens.weight, fmt)
+    """Quantize a model's projections to `fmt` and, with `lm_head`, its output head to int8
+    (GGUF files keep the head/embedding at 8 bits or more, e.g. SmolLM2's Q8_0: int4 there
+    would lose what the file has). A head tied to the embedding (model.lm_head is None: Gemma 3)
+    gets a quantized copy of the embedding; the embedding itself stays fp32 (a lookup reads one
+    row a token). Returns how many layers were quantized."""
+    count = quantize_linears(model, fmt, PROJECTIONS)
+    if fmt == "fp32" or not lm_head:
+        return count
+    count += quantize_linears(model, "int8", ("lm_head",))
+    if getattr(model, "lm_head", False) is None:
+        model.lm_head = QuantizedLinear(model.embed_tokens.weight, "int8")
         count += 1
     return count
 

@@ -80,7 +80,9 @@ def test_quantized_engine_follows_fp32(make_tiny_engine, model, fmt):
     outputs = engine.generate(prompts, params)
     assert all(o.metrics.weights == fmt for o in outputs)
     assert engine.stats().weights == fmt
-    assert all(isinstance(m, QuantizedLinear) for m in _projections(engine.runner.model))
+    projections = _projections(engine.runner.model)
+    assert all(isinstance(m, QuantizedLinear) and m.fmt == fmt for m in projections)
+    assert engine.runner.model.lm_head.fmt == "int8"  # the head keeps 8 bits, as the file does
     # Different kernels: not bit-identical. A random tiny model's logits are nearly flat over
     # 49k tokens, so its greedy choices flip at int4's error; int8 keeps the first ones.
     if fmt == "int8":
@@ -97,4 +99,4 @@ def test_quantized_engine_follows_fp32(make_tiny_engine, model, fmt):
 
 def _projections(model):
     layer = model.layers[0]
-    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj, model.lm_head]
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
