@@ -69,7 +69,7 @@ def run_llamacpp(
 
     def generate(prompt: list[int], num_tokens: int) -> RequestRecord:
         start = time.perf_counter()
-        times, texts = [], []
+        times, texts, finished = [], [], False
         for chunk in llm.create_completion(
             prompt,
             max_tokens=num_tokens,
@@ -78,8 +78,13 @@ def run_llamacpp(
             stream=True,
             logits_processor=llama_cpp.LogitsProcessorList([no_stop]),
         ):
+            choice = chunk["choices"][0]
+            texts.append(choice["text"])
+            if choice["finish_reason"] is not None:  # the closing chunk, after the last token
+                finished = True
+                break
             times.append(time.perf_counter())
-            texts.append(chunk["choices"][0]["text"])
+        assert finished and times, "llama.cpp's stream ended without its closing chunk"
         first, last = times[0], times[-1]
         return RequestRecord(
             num_prompt_tokens=len(prompt),
