@@ -422,3 +422,11 @@ def test_run_page_and_compare_show_the_decision_quality_once_measured(admin_clie
     table = admin_client.get(url).content.decode().split('id="pk-quality-table"')[1]
     row = re.search(r"<tr><td>distinct actions</td><td>(.*?)</td><td>(.*?)</td>", table)
     assert row.group(1).startswith("1 ") and row.group(2) == "-"  # the naive run: not measured
+
+
+def test_decision_page_says_which_weights_the_engine_ran(admin_client, db):
+    run = _answered_run(small_town_factory(), "shared_head", [0])
+    decision = run.decisions.order_by("id")[0]
+    Decision.objects.filter(pk=decision.pk).update(metrics={"weights": "int4"})
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert '<div class="readonly">int4</div>' in page  # its own field, not only the JSON
