@@ -96,6 +96,7 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "device": "cpu",
         "retention_interval": None,  # dense: a window checkpoint at every block
         "weights": "auto",
+        "prefill_chunk_while_decoding": 256,
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
@@ -126,6 +127,7 @@ def test_base_reads_the_environment(tmp_path):
         "device": "cuda:1",
         "retention_interval": 2048,
         "weights": "fp32",
+        "prefill_chunk_while_decoding": 256,
     }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False
