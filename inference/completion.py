@@ -108,6 +108,7 @@ class CompletionMetrics:
     kv_load_s: float | None = None
     num_draft_tokens: int | None = None  # speculative decoding: drafted, and accepted
     num_accepted_tokens: int | None = None
+    weights: str | None = None  # the engine's weight format: "fp32" | "int8" | "int4"
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -137,6 +138,7 @@ class CompletionMetrics:
             kv_load_s=metrics.kv_load_s,
             num_draft_tokens=metrics.num_draft_tokens,
             num_accepted_tokens=metrics.num_accepted_tokens,
+            weights=metrics.weights,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +167,7 @@ class CompletionMetrics:
             "num_cached_tokens_host": self.num_cached_tokens_host,
             "num_cached_tokens_disk": self.num_cached_tokens_disk,
             "kv_load_s": self.kv_load_s,
+            "weights": self.weights,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -199,6 +202,7 @@ class CompletionMetrics:
             kv_load_s=data.get("kv_load_s"),
             num_draft_tokens=data.get("num_draft_tokens"),
             num_accepted_tokens=data.get("num_accepted_tokens"),
+            weights=data.get("weights"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

@@ -356,7 +356,7 @@ class DecisionAdmin(admin.ModelAdmin):
         ("Output", {"fields": ["raw_output", "finish_reason", "output_token_ids"]}),
         (
             "Engine metrics (vLLM definitions)",
-            {"fields": [_rounded_name(name) for name in DECISION_METRICS]},
+            {"fields": ["weights", *(_rounded_name(name) for name in DECISION_METRICS)]},
         ),
         ("Timeline", {"fields": DECISION_TIMELINE}),
     ]
@@ -382,6 +382,7 @@ class DecisionAdmin(admin.ModelAdmin):
             "prompt",
             "schema",
             "cached_by_tier",
+            "weights",
             *rounded,
         ]
 
@@ -418,6 +419,11 @@ class DecisionAdmin(admin.ModelAdmin):
             f"device pool {cached - host - disk:,} · host memory {host:,} · disk {disk:,} "
             f"(waited {load:.3f} s for them)"
         )
+
+    @admin.display(description="weights")
+    def weights(self, decision: Decision) -> str:
+        """The engine's weight format this decision ran with (fp32 | int8 | int4)."""
+        return (decision.metrics or {}).get("weights") or "-"
 
     @admin.display(description="JSON schema")
     def schema(self, decision: Decision) -> str:

@@ -27,6 +27,9 @@ _DEVICES = ("cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _SPECULATIVE_METHODS = (None, "ngram", "mtp")
+# Linear-layer weights: fp32 (the exact reference), weight-only int8 / int4 on torch's CPU
+# kernels (models/quantized_linear.py), or "auto": resolved at load (models.resolve_weights).
+WEIGHT_FORMATS = ("fp32", "int8", "int4", "auto")
 
 
 @dataclass(slots=True)
@@ -148,12 +151,22 @@ class SchedulerConfig:
     enable_shared_prefill: bool = True
     # JSON-schema output: append the tokens the grammar forces without a model step of their own.
     enable_jump_forward: bool = True
+    # While some request is decoding, a prefill chunk is at most this many tokens, so decodes
+    # are not stalled behind a full max_num_batched_tokens chunk (None: no cap). Measured:
+    # docs/PERFORMANCE.md, "Quantized weights and a leaner decode step".
+    prefill_chunk_while_decoding: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be ≥ 1, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
+        chunk = self.prefill_chunk_while_decoding
+        if chunk is not None and not 1 <= chunk <= self.max_num_batched_tokens:
+            raise ValueError(
+                f"prefill_chunk_while_decoding must be in [1, max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}] (or None), got {chunk}"
+            )
 
 
 @dataclass(slots=True)
@@ -171,8 +184,17 @@ class RunnerConfig:
     # attention call per window of nearby slots (see decode_windows). Off: one call per span.
     enable_decode_windows: bool = True
     num_threads: int | None = None
+    # The attention and MLP projections (and the lm head) as weight-only quantized layers,
+    # re-quantized at load from the GGUF's values; CPU only. "auto": the fastest format whose
+    # town decisions agree with fp32 (docs/PERFORMANCE.md), fp32 where none applies.
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r} "
+                "(int8/int4: weight-only quantized linear layers on the CPU)"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.attention_backend not in _ATTENTION_BACKENDS:
@@ -370,6 +392,11 @@ class EngineConfig:
                 f"below max_num_batched_tokens ({self.scheduler.max_num_batched_tokens}): a "
                 "verification step computes the draft and the token before it together"
             )
+        if self.parallel.tensor_parallel_size > 1 and self.runner.weights in ("int8", "int4"):
+            raise ValueError(
+                f"weights={self.runner.weights!r} with tensor_parallel_size > 1: quantized layers "
+                "are not sharded yet; use 'fp32' (or 'auto') with tensor parallelism"
+            )
         if self.parallel.tensor_parallel_size > 1 and self.speculative.speculative_method == "mtp":
             raise ValueError(
                 "speculative_method='mtp' with tensor_parallel_size > 1: the MTP layer is not "
@@ -389,6 +416,11 @@ class EngineConfig:
             raise ValueError(
                 f"dtype {dtype!r} needs device='cuda': this CPU path runs float32 only "
                 "(half-precision matmuls are ~500× slower than float32 on these CPUs)"
+            )
+        if on_cuda and self.runner.weights in ("int8", "int4"):
+            raise ValueError(
+                f"weights={self.runner.weights!r} runs torch's CPU kernels only; use "
+                "weights='fp32' or 'auto' with device='cuda'"
             )
         if backend == "auto":
             backend = "triton" if on_cuda else "torch"

@@ -203,6 +203,13 @@ INFERENCE_ENGINE = {
     # Sliding-window models keep window checkpoints only every N tokens (vLLM's
     # --prefix-cache-retention-interval); no effect on models without sliding layers.
     "retention_interval": env_retention_interval("POKOMACHI_RETENTION_INTERVAL"),
+    # The linear layers' format: "auto" runs the fastest whose town decisions agree with fp32
+    # on ≥ 95% of the prompts (fp32 as measured so far: docs/PERFORMANCE.md); int4 is the
+    # fast one (same decision on 92% of the prompts, ~2-4x faster decode).
+    "weights": env_str("POKOMACHI_WEIGHTS", "auto"),
+    # Decodes are not stalled behind 1,024-token prefill chunks: 1.77x requests/min on the
+    # two-tick town bench (docs/PERFORMANCE.md, issue 19's section).
+    "prefill_chunk_while_decoding": 256,
 }
 # Torch threads per engine (unset: torch's default, every core). `make run` with several nodes on
 # one machine gives each worker its share of the cores.

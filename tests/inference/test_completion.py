@@ -33,6 +33,7 @@ def _request_metrics() -> RequestMetrics:
         num_lost_to_eviction=128,
         num_cold_tokens=180,
         reuse_source="breakpoint",
+        weights="int4",
     )
 
 

@@ -49,7 +49,7 @@ _ENV_NAMES = (
     "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE", "POKOMACHI_OPENAI_BASE_URL",
     "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
     "CF_ACCESS_TEAM_DOMAIN", "CF_ACCESS_AUD", "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS",
-    "POKOMACHI_HSTS_SECONDS",
+    "POKOMACHI_HSTS_SECONDS", "POKOMACHI_WEIGHTS",
 )  # fmt: skip
 
 
@@ -100,6 +100,8 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "kv_disk_cache_bytes": 20 << 30,
         "kv_disk_cache_ttl_s": 3 * 86400.0,
         "kv_host_cache_bytes": 0,
+        "weights": "auto",
+        "prefill_chunk_while_decoding": 256,
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
@@ -129,6 +131,7 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_KV_DISK_BYTES="1073741824",
         POKOMACHI_KV_DISK_TTL="604800",
         POKOMACHI_KV_HOST_BYTES="268435456",
+        POKOMACHI_WEIGHTS="fp32",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
@@ -143,6 +146,8 @@ def test_base_reads_the_environment(tmp_path):
         "kv_disk_cache_bytes": 1 << 30,
         "kv_disk_cache_ttl_s": 604800.0,
         "kv_host_cache_bytes": 256 << 20,
+        "weights": "fp32",
+        "prefill_chunk_while_decoding": 256,
     }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False

@@ -432,3 +432,11 @@ def test_a_decisions_page_shows_its_cached_tokens_by_kv_tier(admin_client, db):
     page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
     assert "Cached by tier" in page
     assert "device pool 64 · host memory 96 · disk 640 (waited 0.042 s for them)" in page
+
+
+def test_decision_page_says_which_weights_the_engine_ran(admin_client, db):
+    run = _answered_run(small_town_factory(), "shared_head", [0])
+    decision = run.decisions.order_by("id")[0]
+    Decision.objects.filter(pk=decision.pk).update(metrics={"weights": "int4"})
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert '<div class="readonly">int4</div>' in page  # its own field, not only the JSON

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.attention.block_runs import block_runs
+
 # A gap of unused slots is read (and masked) rather than split into another call when it is
 # at most this long (reading ~512 slots costs about what one more attention call does) and
 # the window's unused slots stay fewer than its used ones.
@@ -67,15 +69,14 @@ def slot_runs(
 ) -> list[tuple[int, int]]:
     """The [start, end) slot ranges holding positions [lowest, num_slots) of a sequence whose
     `block_ids[0]` is its block number `first` (a sliding layer keeps only its window's)."""
-    runs: list[tuple[int, int]] = []
-    for index in range(max(lowest // block_size, first), -(-num_slots // block_size)):
-        base = block_ids[index - first] * block_size
-        start = base + max(0, lowest - index * block_size)
-        end = base + min(block_size, num_slots - index * block_size)
-        if runs and runs[-1][1] == start:
-            runs[-1] = (runs[-1][0], end)
-        else:
-            runs.append((start, end))
+    low = max(lowest // block_size, first)  # the first and last block index read
+    high = -(-num_slots // block_size)
+    ids = block_ids[low - first : high - first]
+    runs = [(ids[i] * block_size, (ids[j - 1] + 1) * block_size) for i, j in block_runs(ids)]
+    if runs:  # the first block may start at `lowest`, the last holds what is filled of it
+        runs[0] = (runs[0][0] + max(0, lowest - low * block_size), runs[0][1])
+        last_filled = num_slots - (high - 1) * block_size
+        runs[-1] = (runs[-1][0], runs[-1][1] - block_size + min(block_size, last_filled))
     return runs
 
 

@@ -17,6 +17,7 @@ import torch
 
 from inference.engine.attention.attention import paged_attention, write_kv
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.attention.block_runs import block_runs, first_difference
 from inference.engine.attention.decode_windows import DecodeBatch, plan_decode_batch, slot_runs
 
 # Runs shorter than this are gathered together instead of getting an attention call each.
@@ -127,9 +128,7 @@ def plan_shared_prefix(
         return None
     lists = list(decode_blocks.values())
     limit = min(num_full_blocks.values())
-    common = 0
-    while common < limit and all(blocks[common] == lists[0][common] for blocks in lists):
-        common += 1
+    common = first_difference(lists, limit)
     if common * block_size < MIN_VIEW_SLOTS:
         return None
     view_runs, offsets, gathered = _split_runs(lists[0][:common], block_size, block_size, device)
@@ -143,13 +142,10 @@ def _split_runs(
     """Slot ranges of consecutive blocks (the last block holding `last_len` slots): long ones
     are read in place (returned with their offsets in the listed context), the short rest
     gathered once."""
-    runs: list[tuple[int, int]] = []
-    for block_id in block_ids:
-        start = block_id * block_size
-        if runs and runs[-1][1] == start:
-            runs[-1] = (runs[-1][0], start + block_size)
-        else:
-            runs.append((start, start + block_size))
+    runs = [
+        (block_ids[i] * block_size, (block_ids[j - 1] + 1) * block_size)
+        for i, j in block_runs(block_ids)
+    ]
     if runs and last_len < block_size:
         runs[-1] = (runs[-1][0], runs[-1][1] - block_size + last_len)
     view_runs, view_offsets, rest = [], [], []

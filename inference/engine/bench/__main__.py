@@ -3,8 +3,11 @@
 Runs, in one process, on the same workload: the engine with prefix caching on (the main
 number), with it off, without the JSON schema, with prompt-lookup speculative decoding (`ngram`,
 `ngram_no_schema`) or DeepSeek-V4's MTP drafts (`mtp`, asked for by name), then transformers'
-`generate`. Each engine run gets a fresh engine. Prints a table and the ratios against the
-issue's targets (`--json`: one JSON object). Progress goes to stderr.
+`generate` and, when llama-cpp-python is installed (the `llamacpp` extra), llama.cpp on the same
+GGUF file, one request at a time. Each engine run gets a fresh engine. Prints a table and the
+ratios against the issues' targets (`--json`: one JSON object). Progress goes to stderr.
+`--weights` picks the engine's weight format (fp32 | int8 | int4 | auto), `--ticks 2` the town's
+two-tick pattern (each resident's own head repeating on tick 2).
 
 With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
 retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
@@ -25,6 +28,7 @@ and without, beside an engine that never stopped (see restart; --requests reside
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -34,6 +38,7 @@ import sys
 import torch
 
 from inference.engine import EngineConfig, LLMEngine
+from inference.engine.bench import baseline_llamacpp
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
 from inference.engine.bench.fanout import fanout_main
@@ -54,8 +59,9 @@ from inference.engine.bench.workload import (
     build_workload,
     chat_tokenizer_for,
 )
+from inference.engine.models import load_tokenizer
 
-RUN_NAMES = [*ENGINE_RUNS, "transformers"]
+RUN_NAMES = [*ENGINE_RUNS, "transformers", baseline_llamacpp.NAME]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +93,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(outputs end at ~50 tokens), so every output is complete JSON",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
+    parser.add_argument(
+        "--ticks",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: --requests / 2 residents asked twice, each one's own head repeating on tick 2",
+    )
+    parser.add_argument(
+        "--weights",
+        default="fp32",
+        help="engine weight format (fp32 | int8 | int4 | auto); a comma-separated list adds a "
+        "cached_<format> run for each format after the first",
+    )
+    parser.add_argument(
+        "--prefill-chunk-while-decoding",
+        type=int,
+        default=None,
+        help="engine: the most prompt tokens a request computes in a step that has decodes",
+    )
     parser.add_argument(
         "--runs",
         default=",".join(name for name in RUN_NAMES if name != "mtp"),  # mtp: DeepSeek-V4 only
@@ -176,6 +201,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
+    args.weights, *args.more_weights = [w.strip() for w in args.weights.split(",")]
+    if args.requests % args.ticks:
+        parser.error(f"--requests must be a multiple of --ticks ({args.ticks})")
     args.baseline_requests = min(args.baseline_requests, args.requests)
     return args
 
@@ -208,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     summaries = {run.name: summarize(run) for run in runs}
     meta = _meta(args, workload, started, load_at_start)
     floor_lines = format_floor(floor, {n: s.requests_per_min for n, s in summaries.items()})
+    if floor is not None and "cached" in summaries:
+        per_token = summaries["cached"].decode_s_per_token
+        floor_lines.append(
+            f"decode step floor at {args.concurrency} in flight ({args.weights} weights read "
+            f"once, keys once): {floor.decode_step_s * 1e3:.1f} ms; engine decode per token "
+            f"{per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× the floor"
+        )
     if floor is not None:
         meta["compute_floor"] = {
             "total_s": floor.total_s,
@@ -216,16 +251,17 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_attention_s": floor.prefill_attention_s,
             "decode_s": floor.decode_s,
             "uncached_prefill_s": floor.uncached_prefill_s,
+            "decode_step_s": floor.decode_step_s,
             "prefill_cached_over_uncached": floor.prefill_s / floor.uncached_prefill_s,
         }
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
-            f.write(to_json(meta, runs, summaries) + "\n")
+            f.write(to_json(meta, runs, summaries, args.ticks, args.concurrency) + "\n")
     if args.json:
-        print(to_json(meta, runs, summaries))
+        print(to_json(meta, runs, summaries, args.ticks, args.concurrency))
     else:
         print(_header(meta))
-        print(format_table(runs, summaries))
+        print(format_table(runs, summaries, args.ticks, args.concurrency))
         if "cached" in summaries:
             print("\n".join(floor_lines))
     return 0
@@ -328,11 +364,29 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         finally:
             engine.shutdown()
         _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+    for weights in args.more_weights:
+        spec = dataclasses.replace(ENGINE_RUNS["cached"], name=f"cached_{weights}")
+        spec = dataclasses.replace(spec, description=f"{spec.description}, {weights} weights")
+        _progress(f"{spec.name}: loading a fresh engine")
+        engine = _engine(args, True, weights=weights)
+        try:
+            workload = workload or _workload(engine, args)
+            runs.append(
+                run_engine(
+                    engine,
+                    spec,
+                    workload,
+                    concurrency=args.concurrency,
+                    max_tokens=args.max_tokens,
+                )
+            )
+        finally:
+            engine.shutdown()
+        _progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
     _note_speculative_exactness(runs)
-    if workload is None:  # only the baseline: the workload is still measured in engine tokens
-        engine = _engine(args, True)
-        workload = _workload(engine, args)
-        engine.shutdown()
+    tokenizer = load_tokenizer(args.model)
+    if workload is None:  # only the baselines: the workload is still measured in engine tokens
+        workload = _workload_of(tokenizer, args)
     if "transformers" in args.runs:
         _progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
         runs.append(
@@ -344,6 +398,20 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
             )
         )
         _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
+    if baseline_llamacpp.NAME in args.runs:
+        if baseline_llamacpp.is_available():
+            _progress(f"llamacpp: loading, then {args.requests} requests one at a time")
+            runs.append(
+                baseline_llamacpp.run_llamacpp(
+                    workload,
+                    model=args.model,
+                    tokenizer=tokenizer,
+                    output_token_counts=_output_token_counts(runs, args),
+                )
+            )
+            _progress(f"llamacpp: done in {runs[-1].wall_s:.1f} s")
+        else:
+            _progress("llamacpp: llama-cpp-python not installed (the llamacpp extra), skipped")
     return runs, workload, floor
 
 
@@ -379,6 +447,8 @@ def _engine(
         "enable_prefix_caching": enable_prefix_caching,
         "enable_jump_forward": enable_jump_forward,
         "retention_interval": retention_interval,
+        "weights": args.weights,
+        "prefill_chunk_while_decoding": args.prefill_chunk_while_decoding,
         **overrides,
     }
     if args.max_num_batched_tokens is not None:
@@ -387,12 +457,17 @@ def _engine(
 
 
 def _workload(engine: LLMEngine, args: argparse.Namespace) -> Workload:
+    return _workload_of(engine.tokenizer, args)
+
+
+def _workload_of(tokenizer, args: argparse.Namespace) -> Workload:
     return build_workload(
-        engine.tokenizer,
+        tokenizer,
         num_requests=args.requests,
         head_tokens=args.head_tokens,
         prompt_token_range=args.prompt_token_range,
         seed=args.seed,
+        ticks=args.ticks,
     )
 
 
@@ -415,6 +490,9 @@ def _meta(args: argparse.Namespace, workload: Workload, started: str, load: floa
             "num_requests": len(workload.requests),
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,
+            "ticks": args.ticks,
+            "weights": ",".join([args.weights, *args.more_weights]),
+            "prefill_chunk_while_decoding": args.prefill_chunk_while_decoding,
             "head_tokens": workload.num_head_tokens,
             "shared_prefix_tokens": workload.num_shared_prefix_tokens,
             "prompt_tokens": workload.prompt_token_counts,
@@ -431,7 +509,9 @@ def _header(meta: dict) -> str:
         f"{w['model']}: {w['num_requests']} requests, {w['concurrency']} in flight, "
         f"head {w['head_tokens']} tokens (shared prefix {w['shared_prefix_tokens']}), "
         f"prompts {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])} tokens, "
-        f"max_tokens {w['max_tokens']}, seed {w['seed']}\n"
+        f"max_tokens {w['max_tokens']}, seed {w['seed']}, ticks {w['ticks']}, "
+        f"{w['weights']} weights, prefill chunk while decoding "
+        f"{w['prefill_chunk_while_decoding'] or 'uncapped'}\n"
     )
 
 

@@ -39,6 +39,8 @@ class Floor:
     num_requests: int
     # The same prefill with no prefix cache: every prompt whole, its attention causal.
     uncached_prefill_s: float = 0.0
+    # One decode step with `concurrency` sequences: every weight read once, and the keys.
+    decode_step_s: float = 0.0
 
     @property
     def prefill_s(self) -> float:
@@ -95,12 +97,14 @@ def _best_of(fn, repeats: int = 3) -> float:
     return best
 
 
-def _layer_weights(model) -> list[torch.Tensor]:
-    weights = []
+def _layer_linears(model) -> list[torch.nn.Module]:
+    """Each layer's projections as the model runs them: nn.Linear, or QuantizedLinear with
+    weights="int8"/"int4" (then the floor is that format's: its kernel at decode sizes)."""
+    linears = []
     for layer in model.layers:
-        weights += [layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight]
-        weights += [layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight]
-    return weights
+        linears += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+        linears += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    return linears
 
 
 @torch.inference_mode()
@@ -116,7 +120,7 @@ def measure_floor(
     cfg = model.config
     if "sliding" in kv_groups_of(cfg):
         return None
-    weights = _layer_weights(model)
+    linears = _layer_linears(model)
     num_layers, n_kv, head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     group = cfg.num_heads // n_kv
     sampled = sum(r.num_output_tokens for r in cached_run.records)
@@ -125,17 +129,17 @@ def measure_floor(
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
     # Prefill: one CHUNK-row matmul per weight matrix; CHUNK × CHUNK pairs per layer.
-    xs = {w.shape[1]: torch.randn(CHUNK, w.shape[1]) for w in weights}
-    per_token = _best_of(lambda: [torch.mm(xs[w.shape[1]], w.t()) for w in weights]) / CHUNK
+    xs = {m.in_features: torch.randn(CHUNK, m.in_features) for m in linears}
+    per_token = _best_of(lambda: [m(xs[m.in_features]) for m in linears]) / CHUNK
     q = torch.randn(1, n_kv, group * CHUNK, head_dim)
     k = torch.randn(1, n_kv, CHUNK, head_dim)
     per_pair = _best_of(lambda: flash(q, k, k, 0.0, False, scale=0.125)) * num_layers
     per_pair /= CHUNK * CHUNK
 
     # Decode: every weight (the output head too) read once a step; the step's keys once.
-    step_weights = [*weights, model.lm_head.weight]
-    rows = {w.shape[1]: torch.randn(concurrency, w.shape[1]) for w in step_weights}
-    weights_s = _best_of(lambda: [torch.mm(rows[w.shape[1]], w.t()) for w in step_weights])
+    step_linears = [*linears, model.lm_head]
+    rows = {m.in_features: torch.randn(concurrency, m.in_features) for m in step_linears}
+    weights_s = _best_of(lambda: [m(rows[m.in_features]) for m in step_linears])
     q1 = torch.randn(1, n_kv, group * concurrency, head_dim)
     kv = torch.randn(1, n_kv, counts.keys_per_step, head_dim)
     keys_s = _best_of(lambda: flash(q1, kv, kv, 0.0, False, scale=0.125)) * num_layers
@@ -145,6 +149,7 @@ def measure_floor(
         decode_s=counts.num_decode_steps * (weights_s + keys_s),
         num_requests=len(cached_run.records),
         uncached_prefill_s=counts.uncached_tokens * per_token + counts.uncached_pairs * per_pair,
+        decode_step_s=weights_s + keys_s,
     )
 
 

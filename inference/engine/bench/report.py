@@ -99,8 +99,11 @@ def invalid_outputs(run: RunResult) -> list[dict[str, str]]:
     ]
 
 
-def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
-    """The issue's three targets (and jump-forward's gain), from the runs that were run."""
+def ratios(summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 4) -> list[Ratio]:
+    """The issues' targets (and jump-forward's gain), from the runs that were run; against
+    llama.cpp (one request at a time): requests/min ≥ 1.5× on the one-tick workload, ≥ 2× on
+    the two-tick one, aggregate decode tokens/s at `concurrency` in flight ≥ 2× its
+    single-stream rate and per request ≥ 0.5× of it."""
 
     def ratio(top: str, field: str, bottom: str) -> float | None:
         if top not in summaries or bottom not in summaries:
@@ -108,6 +111,13 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
         denominator = getattr(summaries[bottom], field)
         return getattr(summaries[top], field) / denominator if denominator else None
 
+    # Not targets: the main run against the same run with other weights (--weights a,b).
+    other_weights = [
+        Ratio(f"cached_over_{name}_{field}", ratio("cached", field, name), 1.0, higher)
+        for name in summaries
+        if name.startswith("cached_")
+        for field, higher in (("requests_per_min", True), ("decode_s_per_token", False))
+    ]
     return [
         Ratio("engine_vs_transformers_requests_per_min",
               ratio("cached", "requests_per_min", "transformers"), 5.0, True),
@@ -130,10 +140,27 @@ def ratios(summaries: dict[str, RunSummary]) -> list[Ratio]:
               ratio("ngram_no_schema", "decode_s_per_token", "no_schema"), 1.0, False),
         Ratio("mtp_decode_per_token_over_cached",
               ratio("mtp", "decode_s_per_token", "cached"), 1.0, False),
+        Ratio("engine_vs_llamacpp_requests_per_min",
+              ratio("cached", "requests_per_min", "llamacpp"), 2.0 if ticks == 2 else 1.5, True),
+        Ratio("engine_aggregate_decode_vs_llamacpp_single_stream",
+              _times(ratio("llamacpp", "decode_s_per_token", "cached"), concurrency), 2.0, True),
+        Ratio("engine_per_request_decode_vs_llamacpp",
+              ratio("llamacpp", "decode_s_per_token", "cached"), 0.5, True),
+        *other_weights,
     ]  # fmt: skip
 
 
-def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def to_json(
+    meta: dict[str, Any],
+    runs: list[RunResult],
+    summaries: dict[str, RunSummary],
+    ticks: int = 1,
+    concurrency: int = 4,
+) -> str:
     return json.dumps(
         {
             **meta,
@@ -149,7 +176,7 @@ def to_json(meta: dict[str, Any], runs: list[RunResult], summaries: dict[str, Ru
             },
             "ratios": {
                 r.name: {"value": r.value, "target": r.target, "passed": r.passed}
-                for r in ratios(summaries)
+                for r in ratios(summaries, ticks, concurrency)
             },
         },
         ensure_ascii=False,
@@ -176,7 +203,9 @@ _ROWS = [
 ]
 
 
-def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str:
+def format_table(
+    runs: list[RunResult], summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 4
+) -> str:
     """A markdown table, one column per run, then the valid-JSON counts, notes and ratios."""
     names = [run.name for run in runs]
     lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
@@ -198,7 +227,7 @@ def format_table(runs: list[RunResult], summaries: dict[str, RunSummary]) -> str
         for bad in invalid_outputs(run)
     ]
     lines.append("")
-    for r in ratios(summaries):
+    for r in ratios(summaries, ticks, concurrency):
         sign = "≥" if r.higher_is_better else "≤"
         if r.value is None:
             lines.append(f"{r.name}: skipped (target {sign} {r.target:g})")

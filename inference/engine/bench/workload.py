@@ -134,11 +134,18 @@ def build_workload(
     head_tokens: int = 1200,
     prompt_token_range: tuple[int, int] = (1500, 2500),
     seed: int = 0,
+    ticks: int = 1,
 ) -> Workload:
-    """`num_requests` chat requests of `prompt_token_range` tokens sharing a `head_tokens` head."""
+    """`num_requests` chat requests of `prompt_token_range` tokens sharing a `head_tokens` head.
+
+    ticks=2: the town's real pattern, num_requests / 2 residents asked twice: each user message
+    is the resident's own head (who they are, their memories), the same on both ticks, then
+    the tick's own tail (time, weather, money, needs); all of tick 1, then all of tick 2."""
     low, high = prompt_token_range
     if num_requests < 1:
         raise ValueError(f"num_requests must be ≥ 1, got {num_requests}")
+    if ticks not in (1, 2) or num_requests % ticks:
+        raise ValueError(f"ticks must be 1 or 2 and divide num_requests, got {ticks}")
     if not head_tokens + 100 <= low <= high:
         raise ValueError(
             f"prompt_token_range {prompt_token_range} must satisfy head_tokens + 100 "
@@ -149,11 +156,20 @@ def build_workload(
     system, num_rows = _system_message(tokenizer, places, head_tokens, rng)
     places = places[:num_rows]  # the places the head lists: the only valid targets
     num_head = len(tokenizer.apply_chat_template([system], add_generation_prompt=False))
-    requests, counts = [], []
-    for _ in range(num_requests):
-        messages = _request(tokenizer, system, places, rng.randint(low, high), rng)
-        requests.append(messages)
-        counts.append(len(tokenizer.apply_chat_template(messages)))
+    if ticks == 1:
+        requests = [
+            _request(tokenizer, system, places, rng.randint(low, high), rng)
+            for _ in range(num_requests)
+        ]
+    else:
+        residents = [
+            _resident(tokenizer, system, places, rng.randint(low, high), rng)
+            for _ in range(num_requests // 2)
+        ]
+        requests = [
+            [system, _user(head, tails[tick])] for tick in range(2) for head, tails in residents
+        ]
+    counts = [len(tokenizer.apply_chat_template(messages)) for messages in requests]
     return Workload(
         requests=requests,
         schema=decision_schema([place["name"] for place in places]),
@@ -297,6 +313,44 @@ def _request(
     while len(tokenizer.apply_chat_template(messages(memories))) < target_tokens:
         memories.append(_memory(rng, places, hour))
     return messages(memories)
+
+
+def _resident(
+    tokenizer: ChatTokenizer,
+    system: dict[str, str],
+    places: list[dict[str, Any]],
+    target_tokens: int,
+    rng: random.Random,
+) -> tuple[str, tuple[str, str]]:
+    """A resident's own head (identity, memories) sized so that head + tick 1's tail make
+    ~target_tokens, and the tails of two ticks."""
+    name = f"{rng.choice(_FIRST_NAMES)} {rng.choice(_FAMILY_NAMES)}"
+    identity = (
+        f"## Resident\nName: {name}, age {rng.randint(8, 84)}, {rng.choice(_JOBS)}, "
+        f"{rng.choice(_TRAITS)} and {rng.choice(_TRAITS)}.\n\n## Memories\n"
+    )
+    hours = sorted(rng.sample(range(8, 22), 2))
+
+    def tail(hour: int) -> str:
+        return (
+            f"\n## Now\nDay {rng.randint(1, 30)}, {hour:02d}:{rng.choice(['00', '30'])}, "
+            f"{rng.choice(_WEATHER)}. At {rng.choice(places)['name']}.\n"
+            f"Money: {rng.randint(0, 20) * 250} yen. Hunger: {rng.randint(0, 100)}. "
+            f"Energy: {rng.randint(0, 100)}. Mood: {rng.choice(_TRAITS)}.\n"
+            f"Decide what {name.split()[0]} does next."
+        )
+
+    tails = (tail(hours[0]), tail(hours[1]))
+    memories: list[str] = []
+    head = identity
+    while len(tokenizer.apply_chat_template([system, _user(head, tails[0])])) < target_tokens:
+        memories.append(_memory(rng, places, hours[0]))
+        head = identity + "".join(memories)
+    return head, tails
+
+
+def _user(head: str, tail: str) -> dict[str, str]:
+    return {"role": "user", "content": head + tail}
 
 
 def _memory(rng: random.Random, places: list[dict[str, Any]], hour: int) -> str:

@@ -145,7 +145,8 @@ class LLMEngine:
         the structured-output manager and the runner."""
         cache, scheduling, running = config.cache, config.scheduler, config.runner
         grammars = config.structured_output
-        loaded = load_model(config.model, self.device, config.seed)
+        loaded = load_model(config.model, self.device, config.seed, running.weights)
+        self.weights = loaded.weights  # "auto" resolved: what every request's metrics report
         if self.executor is not None:
             loaded = self.executor.shard(loaded)  # the KV cache below is this rank's shard too
         self.tokenizer = loaded.tokenizer
@@ -202,6 +203,7 @@ class LLMEngine:
             enable_jump_forward=scheduling.enable_jump_forward,
             drafter=self._drafter(loaded.model),
             num_speculative_tokens=config.speculative.num_speculative_tokens,
+            prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
         )
         self.structured = StructuredOutputManager(
             self.tokenizer,
@@ -355,6 +357,7 @@ class LLMEngine:
                 num_spec_verifications=scheduler.num_spec_verifications,
                 num_draft_tokens=scheduler.num_draft_tokens,
                 num_accepted_tokens=scheduler.num_accepted_tokens,
+                weights=self.weights,
             )
 
     @property
@@ -622,7 +625,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             text=text,
             finish_reason=request.status.value,
-            metrics=request.metrics(),
+            metrics=request.metrics(self.weights),
         )
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -50,6 +50,8 @@ class RequestMetrics:
     num_cached_tokens_host: int = 0
     num_cached_tokens_disk: int = 0
     kv_load_s: float = 0.0
+    # The format the model's linear layers ran in (EngineConfig.weights, "auto" resolved).
+    weights: str = "fp32"
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -162,6 +164,8 @@ class EngineStats:
         if not self.num_spec_verifications:
             return 0.0
         return 1 + self.num_accepted_tokens / self.num_spec_verifications
+
+    weights: str = "fp32"  # the linear layers' format (EngineConfig.weights, "auto" resolved)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -121,7 +121,8 @@ class Request:
             if source == tier
         )
 
-    def metrics(self) -> RequestMetrics:
+    def metrics(self, weights: str = "fp32") -> RequestMetrics:
+        """The request's metrics; `weights`: the format the engine's model ran."""
         arrival = self.arrival_time
         scheduled = self.first_scheduled_time or arrival
         first = self.first_token_time or scheduled
@@ -149,4 +150,5 @@ class Request:
             num_cached_tokens_host=self.num_cached_tokens_from("host"),
             num_cached_tokens_disk=self.num_cached_tokens_from("disk"),
             kv_load_s=self.kv_load_s,
+            weights=weights,
         )

@@ -52,8 +52,12 @@ class Scheduler:
         enable_jump_forward: bool = False,
         drafter: Drafter | None = None,
         num_speculative_tokens: int = 0,
+        prefill_chunk_while_decoding: int | None = None,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
+        # A step that carries decodes takes prefill chunks of at most this many tokens, so the
+        # decoding requests' next token does not wait behind a full-budget chunk.
+        self.prefill_chunk_while_decoding = prefill_chunk_while_decoding
         self.enable_shared_prefill = enable_shared_prefill
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -92,11 +96,12 @@ class Scheduler:
         manager = self.kv_cache_manager
         manager.new_step()
         held = self._followers() if self.enable_shared_prefill else set()
+        chunk = self._prefill_chunk()
 
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk)
             junctions = self.junctions.get(request.request_id, ())
             draft = self._draft(request, num_new, budget)
             num_drafted = num_new + len(draft)
@@ -125,7 +130,7 @@ class Scheduler:
             if request.kv_load_state == "loading":
                 continue  # its blocks are being loaded from a KV tier (kv/tiers)
             hit, num_hit_tokens = manager.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            num_new = min(request.num_tokens - num_hit_tokens, budget, chunk)
             if hit.junction:  # kept while it prefills past it
                 self._add_junction(request, hit.junction)
             junctions = self.junctions.get(request.request_id, ())
@@ -148,6 +153,16 @@ class Scheduler:
         output.block_copies = manager.take_copies()
         self.num_prefill_tokens += output.num_prefill_tokens
         return output
+
+    def _prefill_chunk(self) -> int:
+        """The most prompt tokens one request computes this step: the whole budget, or
+        prefill_chunk_while_decoding when a running request is decoding."""
+        limit = self.prefill_chunk_while_decoding
+        if limit is None or not any(
+            r.num_computed_tokens >= r.num_prompt_tokens for r in self.running
+        ):
+            return self.max_num_batched_tokens
+        return limit
 
     def _followers(self) -> set[str]:
         """Waiting requests to hold this step; their leaders keep a checkpoint at the shared

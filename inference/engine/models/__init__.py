@@ -28,6 +28,7 @@ from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_f
 from inference.engine.loading.tokenizer import Tokenizer
 from inference.engine.models import deepseek_v4, gemma3, llama
 from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
+from inference.engine.models.quantized_linear import quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,28 @@ TINY_OVERRIDES = {
 }
 
 
+# Architectures whose projections can run as QuantizedLinear (weights="int8" / "int4").
+QUANTIZABLE = ("llama", "gemma3")
+# What weights="auto" resolves to on the CPU: the fastest format whose greedy town decisions
+# agreed with fp32 on ≥ 95% of the prompts. Measured (docs/PERFORMANCE.md, issue 19's section;
+# 12 town prompts): int4 92% (11/12), int8 83%: neither qualifies, so fp32. Change it here when
+# a larger agreement run (bench.weights_agreement) puts a format at ≥ 95%.
+AUTO_CPU_WEIGHTS = "fp32"
+
+
+def resolve_weights(weights: str, arch: str, device: torch.device) -> str:
+    """The weight format a model runs: "auto" → AUTO_CPU_WEIGHTS on the CPU for a quantizable
+    architecture, else fp32; an explicit int8/int4 on an architecture without it is an error."""
+    if weights == "auto":
+        return AUTO_CPU_WEIGHTS if device.type == "cpu" and arch in QUANTIZABLE else "fp32"
+    if weights != "fp32" and arch not in QUANTIZABLE:
+        raise ValueError(
+            f"weights={weights!r} supports the architectures {QUANTIZABLE}, not {arch!r}; "
+            "use weights='fp32' or 'auto'"
+        )
+    return weights
+
+
 @dataclass(slots=True)
 class LoadedModel:
     model: nn.Module
@@ -60,15 +83,18 @@ class LoadedModel:
     tokenizer: Tokenizer
     fingerprint: str  # part of every block hash: different weights never share KV
     max_model_len: int
+    weights: str = "fp32"  # the format the linear layers run (resolve_weights)
 
 
-def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
+def load_model(
+    name: str, device: torch.device, seed: int = 0, weights: str = "fp32"
+) -> LoadedModel:
     started = time.monotonic()
     if name == deepseek_v4_tiny.NAME:  # written once as a checkpoint directory, then loaded as one
-        return _load_hf_checkpoint(deepseek_v4_tiny.tiny_checkpoint(seed), device)
+        return _load_hf_checkpoint(deepseek_v4_tiny.tiny_checkpoint(seed), device, weights)
     path = gguf_path_for(name)
     if is_hf_checkpoint(path):
-        return _load_hf_checkpoint(path, device)
+        return _load_hf_checkpoint(path, device, weights)
     reader = open_gguf(path)
     metadata = read_metadata(reader)
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
@@ -78,6 +104,7 @@ def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
             f"unsupported architecture {arch!r} in {path}; known: {sorted(ARCHITECTURES)}"
         )
     config_cls, model_cls, to_hf_names = ARCHITECTURES[arch]
+    weights = resolve_weights(weights, arch, device)
     config = config_cls.from_gguf_metadata(metadata, vocab_size=tokenizer.vocab_size)
     fingerprint = hashlib.sha256(f"{path.name}:{path.stat().st_size}:{config}".encode()).hexdigest()
 
@@ -89,9 +116,21 @@ def load_model(name: str, device: torch.device, seed: int = 0) -> LoadedModel:
     else:
         model = model_cls(config)
         model.load_hf_weights(to_hf_names(read_tensors(reader), config))
+    count = quantize_model(model, weights)
     model = model.to(device).eval()
-    logger.info("loaded %s (%s) in %.1f s", name, arch, time.monotonic() - started)
-    return LoadedModel(model, config, tokenizer, fingerprint[:16], config.max_position_embeddings)
+    logger.info(
+        "loaded %s (%s, %s weights: %d quantized layers) in %.1f s",
+        name,
+        arch,
+        weights,
+        count,
+        time.monotonic() - started,
+    )
+    if weights != "fp32":  # KV computed with other weights is other KV
+        fingerprint = hashlib.sha256(f"{fingerprint}:{weights}".encode()).hexdigest()
+    return LoadedModel(
+        model, config, tokenizer, fingerprint[:16], config.max_position_embeddings, weights
+    )
 
 
 def load_tokenizer(name: str, seed: int = 0) -> Tokenizer:
@@ -105,17 +144,26 @@ def load_tokenizer(name: str, seed: int = 0) -> Tokenizer:
     return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))
 
 
-def _load_hf_checkpoint(path, device: torch.device) -> LoadedModel:
+def _load_hf_checkpoint(path, device: torch.device, weights: str) -> LoadedModel:
     hf_config = read_hf_config(path)
-    config_cls, model_cls, _ = ARCHITECTURES[HF_MODEL_TYPES[hf_config["model_type"]]]
+    arch = HF_MODEL_TYPES[hf_config["model_type"]]
+    config_cls, model_cls, _ = ARCHITECTURES[arch]
+    weights = resolve_weights(weights, arch, device)
     config = config_cls.from_hf_config(hf_config)
     tokenizer = read_hf_tokenizer(path)
     model = model_cls(config)
     model.load_hf_weights(read_hf_weights(path))
+    quantize_model(model, weights)
     sizes = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))
-    fingerprint = hashlib.sha256(f"{path.resolve()}:{sizes}:{config}".encode()).hexdigest()
+    key = f"{path.resolve()}:{sizes}:{config}" + (f":{weights}" if weights != "fp32" else "")
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()
     return LoadedModel(
-        model.to(device).eval(), config, tokenizer, fingerprint[:16], config.max_position_embeddings
+        model.to(device).eval(),
+        config,
+        tokenizer,
+        fingerprint[:16],
+        config.max_position_embeddings,
+        weights,
     )
 
 

@@ -211,6 +211,7 @@ class Gemma3ForCausalLM(nn.Module):
                 "sliding": Gemma3Rotary(cfg.head_dim, cfg.rope_local_theta),
             }
         )
+        # The head is the embedding (tied); quantized weights give it a module of its own.
         # As transformers: sqrt(hidden) rounded to the weights' dtype before it multiplies.
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
 

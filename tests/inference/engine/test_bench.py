@@ -303,3 +303,45 @@ def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
     assert floor["requests_per_min"] == pytest.approx(2 * 60 / parts)
     # Caching saves prefill work (the head is computed once), never adds any.
     assert 0 < floor["prefill_cached_over_uncached"] < 1
+
+
+def test_two_tick_workload_repeats_each_residents_own_head(tiny_engine) -> None:
+    tokenizer = tiny_engine.tokenizer
+    workload = build_workload(tokenizer, seed=3, ticks=2, **{**SMALL, "num_requests": 4})
+    assert len(workload.requests) == 4
+    tick1, tick2 = workload.requests[:2], workload.requests[2:]
+    for first, second in zip(tick1, tick2, strict=True):
+        a, b = first[1]["content"], second[1]["content"]
+        head = a[: a.index("\n## Now")]
+        assert b.startswith(head) and a != b  # the resident's head repeats, the tail does not
+        assert first[0] == second[0]  # and the shared system head
+    assert tick1[0][1]["content"][:40] != tick1[1][1]["content"][:40]  # two residents
+    with pytest.raises(ValueError, match="ticks"):
+        build_workload(tokenizer, ticks=2, **{**SMALL, "num_requests": 3})
+
+
+def test_llamacpp_run_refuses_random_weights(tiny_engine) -> None:
+    from inference.engine.bench.baseline_llamacpp import run_llamacpp
+
+    workload = build_workload(tiny_engine.tokenizer, seed=0, **SMALL)
+    with pytest.raises(ValueError, match="real weights"):
+        run_llamacpp(
+            workload,
+            model="smollm2-tiny-random",
+            tokenizer=tiny_engine.tokenizer,
+            output_token_counts=[4] * 3,
+        )
+
+
+def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None:
+    argv = ["--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
+            "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached",
+            "--ticks", "2", "--weights", "int8,fp32", "--prefill-chunk-while-decoding", "64",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"]["ticks"] == 2 and data["workload"]["weights"] == "int8,fp32"
+    assert data["runs"]["cached"]["num_valid_json"] == 4
+    assert data["runs"]["cached_fp32"]["num_valid_json"] == 4
+    assert data["ratios"]["cached_over_cached_fp32_requests_per_min"]["value"] > 0
+    assert data["compute_floor"]["decode_step_s"] > 0

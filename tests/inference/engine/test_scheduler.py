@@ -286,3 +286,22 @@ def test_make_stats_is_a_snapshot_of_the_queues_and_counters():
     assert stats.reuse_sources == {"none": 2}
     stats.reuse_sources["none"] = 99  # a copy: the scheduler's own count is untouched
     assert scheduler.make_stats().reuse_sources == {"none": 2}
+
+
+def test_prefill_chunks_are_capped_while_a_request_decodes():
+    manager = KVCacheManager(32, BLOCK, True, model_fingerprint="test")
+    scheduler = Scheduler(
+        manager, max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_while_decoding=4
+    )
+    scheduler.add_request(request("a", 6))
+    out = scheduler.schedule()
+    assert plan(out) == [("a", 6)]  # nothing decodes yet: the whole budget
+    run_step(scheduler, out)
+    scheduler.add_request(request("b", 10, start=100))
+    steps = []
+    for _ in range(3):
+        out = scheduler.schedule()
+        steps.append(plan(out))
+        run_step(scheduler, out)
+    # a decodes every step; b's prompt comes in chunks of 4 beside it.
+    assert steps == [[("a", 1), ("b", 4)], [("a", 1), ("b", 4)], [("a", 1), ("b", 2)]]
