@@ -40,10 +40,10 @@ def _run(model: str, prompts, params=GREEDY, **config):
     logits_of_steps: list[torch.Tensor] = []
     sample = runner.sample
 
-    def recording_sample(logits, sampling):
-        if sampling:  # a step of prompt chunks only samples nothing
+    def recording_sample(logits, plan):
+        if plan.sampling:  # a step of prompt chunks only samples nothing
             logits_of_steps.append(logits.detach().float().clone())
-        return sample(logits, sampling)
+        return sample(logits, plan)
 
     runner.sample = recording_sample
     try:
