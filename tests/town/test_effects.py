@@ -104,6 +104,22 @@ def test_go_moves_counts_the_visit_and_remembers_it(world):
     assert notes == [(1, "Went from Home to Bakery (visit number 2).")]
 
 
+def test_the_last_free_places_are_offered_to_the_neediest_only(world):
+    """The bakery (room for 4) holds two people: its two free places go to the two hungriest
+    of those who could walk in, since every resident decides in the same tick."""
+    world.resident(3).place_id = world.resident(4).place_id = BAKERY  # the café empties
+    world.places[2].capacity = 3  # the bakery: one free place
+    aki, ben = world.resident(1), world.resident(2)
+    ben.hunger = 70
+    assert "Bakery" in action_options(world, ben)["go"]
+    assert "Bakery" not in action_options(world, aki)["go"]
+    assert "kept for residents who need them more" in action_problem(world, aki, "go", "Bakery")
+    action_apply(world, ben, "go", "Bakery", "")  # Ben takes it: the bakery is full
+    assert action_problem(world, aki, "go", "Bakery") == "Bakery is full (3 people)"
+    world.places[2].capacity = 5  # two free places: Aki is next in line
+    assert action_problem(world, aki, "go", "Bakery") is None
+
+
 @pytest.mark.parametrize(
     ("rid", "action", "target", "problem"),
     [

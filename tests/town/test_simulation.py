@@ -72,8 +72,10 @@ def test_two_ticks_of_the_demo_town(inline_send):
 
 
 def test_answers_are_applied_in_resident_order():
-    """Two residents go for the café's last seat: the first in order gets it, whatever came
-    back first; the other's decision is recorded as impossible and they stay home."""
+    """Four residents go for the café's two seats (the answers here are written by hand, not
+    decoded under the schema, which offers the café only to the first two in line): the seats
+    stay kept for those two, whatever came back first; the others' decisions are recorded as
+    impossible and they stay home."""
     town = small_town_factory()  # café: room for 2
     run = services.run_start(run=run_factory(town=town, minutes_per_tick=60))
     Run.objects.filter(pk=run.pk).update(start_minutes=9 * 60)
@@ -85,11 +87,12 @@ def test_answers_are_applied_in_resident_order():
     _answer(aki, '{"action": "go", "target": "Cafe"')  # cut off: not JSON
     services.tick_finish(tick=tick)
     aki, ben, chie, dai = tick.decisions.order_by("resident_id")
-    assert (aki.valid, ben.valid, chie.valid, dai.valid) == (False, True, True, False)
-    assert "not JSON" in aki.error and dai.error == "Cafe is full (2 people)"
+    assert (aki.valid, ben.valid, chie.valid, dai.valid) == (False, True, False, False)
+    assert "not JSON" in aki.error
+    assert all("outside the decision schema" in d.error for d in (chie, dai))
     world = world_load(run=run, tick_index=1)
     places = {r.name: world.place(r.place_id).name for r in world.residents}
-    assert places == {"Aki": "Home A", "Ben": "Cafe", "Chie": "Cafe", "Dai": "Home B"}
+    assert places == {"Aki": "Home A", "Ben": "Cafe", "Chie": "Home B", "Dai": "Home B"}
     assert Memory.objects.filter(run=run, resident__name="Ben").first().text.startswith("Went")
     assert not Memory.objects.filter(run=run, resident__name="Dai").exists()
 

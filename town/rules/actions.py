@@ -10,8 +10,10 @@ walking on from place to place every turn is a loop too.
 The model still makes the choice among what is offered.
 
 The decision schema offers exactly `action_options`, so a model decoding under it cannot name a
-closed or non-existent place; `action_problem` re-checks at apply time, because residents applied
-earlier in the tick change the town (a place fills up, a friend walks away).
+closed or non-existent place. Every resident decides at once, so a place with few free places
+left is offered only to as many residents as it can still take (`World.has_room_for`, the
+neediest first); `action_problem` re-checks at apply time, because residents applied earlier in
+the tick change the town (a friend walks away, somebody's meal makes them less hungry).
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ def action_problem(world: World, resident: ResidentView, action: str, target: st
             return f"{place.name} is closed at {world.clock.hhmm} (open {place.hours})"
         if world.is_full(place):
             return f"{place.name} is full ({place.capacity} people)"
+        if not world.has_room_for(resident, place):
+            return f"{place.name}'s last free places are kept for residents who need them more"
     elif target not in _possible(world, resident).get(action, []):
         return _why_not(world, resident, action, target, here.name)
     if target in action_options(world, resident).get(action, []):

@@ -116,7 +116,27 @@ class World:
         return [p for p in self.places if p.is_open(self.clock)]
 
     def can_enter(self, resident: ResidentView, place: PlaceView) -> bool:
-        """Open, not full, and not somebody else's home."""
+        """Open, not somebody else's home, and a place in it kept for this resident."""
         if place.is_home and resident.id not in place.household_ids:
             return False
-        return place.is_open(self.clock) and not self.is_full(place)
+        return place.is_open(self.clock) and self.has_room_for(resident, place)
+
+    def has_room_for(self, resident: ResidentView, place: PlaceView) -> bool:
+        """Whether a place stays free for this resident even if everyone ahead of them walks in
+        during the same tick: every resident decides at once, so a café with two free seats is
+        offered to the two residents who need it most (hungriest, then most tired), not to all
+        ten, eight of whom would find it full. A home fits its household."""
+        free = place.capacity - len(self.occupants(place.id))
+        if place.is_home or free <= 0:
+            return free > 0
+        ahead = [
+            r
+            for r in self.residents
+            if r.place_id != place.id and _neediness(r) < _neediness(resident)
+        ]
+        return len(ahead) < free
+
+
+def _neediness(resident: ResidentView) -> tuple[int, int, int]:
+    """The order in which residents are offered the last free places: hungriest first."""
+    return (-resident.hunger, resident.energy, resident.id)
