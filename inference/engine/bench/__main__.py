@@ -34,13 +34,14 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable
 
 import torch
 
 from inference.engine import EngineConfig, LLMEngine
 from inference.engine.bench import baseline_llamacpp
 from inference.engine.bench.baseline_transformers import run_transformers
-from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
+from inference.engine.bench.engine_run import ENGINE_RUNS, EngineRunSpec, run_engine
 from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.report import format_table, summarize, to_json
@@ -330,59 +331,33 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
     floor = None
     for name in [n for n in ENGINE_RUNS if n in args.runs]:
         spec = ENGINE_RUNS[name]
-        _progress(f"{name}: loading a fresh engine")
-        engine = _engine(
-            args,
-            spec.enable_prefix_caching,
+        engine_options = dict(
             enable_jump_forward=spec.enable_jump_forward,
             enable_decode_windows=spec.enable_decode_windows,
             speculative_method=spec.speculative_method,
             num_speculative_tokens=args.num_speculative_tokens,
         )
-        try:
-            workload = workload or _workload(engine, args)
-            _progress(f"{name}: {spec.description}, {args.requests} requests")
-            runs.append(
-                run_engine(
-                    engine,
-                    spec,
-                    workload,
-                    concurrency=args.concurrency,
-                    max_tokens=args.max_tokens,
-                    output_token_counts=_output_token_counts(runs, args),
-                )
-            )
-            if name == "cached":
+
+        def floor_of(engine: LLMEngine, run: RunResult, workload: Workload) -> None:
+            nonlocal floor
+            if run.name == "cached":
                 _progress("cached: measuring the workload's compute floor on this machine")
                 floor = measure_floor(
                     engine.runner.model,
                     workload.prompt_token_counts,
                     workload.num_shared_prefix_tokens,
-                    runs[-1],
+                    run,
                     args.concurrency,
                 )
-        finally:
-            engine.shutdown()
-        _progress(f"{name}: done in {runs[-1].wall_s:.1f} s")
+
+        workload = _measure(args, spec, engine_options, runs, workload, then=floor_of)
     for weights in args.more_weights:
-        spec = dataclasses.replace(ENGINE_RUNS["cached"], name=f"cached_{weights}")
-        spec = dataclasses.replace(spec, description=f"{spec.description}, {weights} weights")
-        _progress(f"{spec.name}: loading a fresh engine")
-        engine = _engine(args, True, weights=weights)
-        try:
-            workload = workload or _workload(engine, args)
-            runs.append(
-                run_engine(
-                    engine,
-                    spec,
-                    workload,
-                    concurrency=args.concurrency,
-                    max_tokens=args.max_tokens,
-                )
-            )
-        finally:
-            engine.shutdown()
-        _progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
+        spec = dataclasses.replace(
+            ENGINE_RUNS["cached"],
+            name=f"cached_{weights}",
+            description=f"{ENGINE_RUNS['cached'].description}, {weights} weights",
+        )
+        workload = _measure(args, spec, dict(weights=weights), runs, workload)
     _note_speculative_exactness(runs)
     tokenizer = load_tokenizer(args.model)
     if workload is None:  # only the baselines: the workload is still measured in engine tokens
@@ -413,6 +388,38 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         else:
             _progress("llamacpp: llama-cpp-python not installed (the llamacpp extra), skipped")
     return runs, workload, floor
+
+
+def _measure(
+    args: argparse.Namespace,
+    spec: EngineRunSpec,
+    engine_options: dict,
+    runs: list[RunResult],
+    workload: Workload | None,
+    then: Callable[[LLMEngine, RunResult, Workload], None] | None = None,
+) -> Workload:
+    """One engine run on a fresh engine, appended to `runs`; `then` runs on the engine before
+    it shuts down. Returns the workload (built by the first engine)."""
+    _progress(f"{spec.name}: loading a fresh engine")
+    engine = _engine(args, spec.enable_prefix_caching, **engine_options)
+    try:
+        workload = workload or _workload(engine, args)
+        _progress(f"{spec.name}: {spec.description}, {args.requests} requests")
+        run = run_engine(
+            engine,
+            spec,
+            workload,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            output_token_counts=_output_token_counts(runs, args),
+        )
+        runs.append(run)
+        if then is not None:
+            then(engine, run, workload)
+    finally:
+        engine.shutdown()
+    _progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
+    return workload
 
 
 def _note_speculative_exactness(runs: list[RunResult]) -> None:
