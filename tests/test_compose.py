@@ -302,6 +302,7 @@ def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
         "kv_disk_cache_bytes": 20 << 30,
         "kv_disk_cache_ttl_s": 3 * 86400.0,
         "kv_host_cache_bytes": 0,
+        "kv_tiers_where_supported": False,
         "weights": "auto",  # fp32 on CUDA (the quantized layers are CPU kernels)
         "prefill_chunk_while_decoding": 256,
     }

@@ -76,6 +76,10 @@ class CacheConfig:
     kv_disk_cache_bytes: int = 20 << 30
     # Blocks not used for this long are deleted (last use: written or hit).
     kv_disk_cache_ttl_s: float = 3 * 86400.0
+    # Where the tiers cannot store an engine's KV yet (a tensor-parallel engine's shards,
+    # DeepSeek-V4's compressed state): False refuses such an engine; True runs it without the
+    # tiers and logs why (a deployment default that should not stop a worker from starting).
+    kv_tiers_where_supported: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

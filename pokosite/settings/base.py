@@ -226,19 +226,16 @@ INFERENCE_ENGINE.update(env_tensor_parallel())
 # POKOMACHI_KV_DISK_TTL seconds since last use under POKOMACHI_KV_DISK_BYTES; "off": none.
 # Unset: var/kv-cache, so `make run` finds its prefixes again after a restart. A host-memory
 # tier (POKOMACHI_KV_HOST_BYTES) sits between the device pool and the disk.
-# Unset and off by default where the tiers cannot store the KV yet: a tensor-parallel engine's
-# shards, DeepSeek-V4's compressed state (the engine refuses both when asked explicitly).
+# Unset, the engine runs without the tiers where they cannot store its KV yet (a
+# tensor-parallel engine's shards, DeepSeek-V4's compressed state) and logs why; set
+# explicitly, such an engine refuses to start.
 _kv_disk_dir = env_str("POKOMACHI_KV_DISK_DIR", "") or str(VAR_DIR / "kv-cache")
-if not env_str("POKOMACHI_KV_DISK_DIR", "") and (
-    INFERENCE_ENGINE.get("tensor_parallel_size", 1) > 1
-    or "deepseek-v4" in str(INFERENCE_ENGINE.get("model", "")).lower()
-):
-    _kv_disk_dir = "off"
 INFERENCE_ENGINE.update(
     kv_disk_cache_dir=None if _kv_disk_dir.lower() == "off" else _kv_disk_dir,
     kv_disk_cache_bytes=env_int("POKOMACHI_KV_DISK_BYTES", 20 << 30, low=1 << 20, high=1 << 50),
     kv_disk_cache_ttl_s=env_float("POKOMACHI_KV_DISK_TTL", 3 * 86400.0),
     kv_host_cache_bytes=env_int("POKOMACHI_KV_HOST_BYTES", 0, low=0, high=1 << 44),
+    kv_tiers_where_supported=not env_str("POKOMACHI_KV_DISK_DIR", ""),
 )
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)

@@ -100,6 +100,8 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "kv_disk_cache_bytes": 20 << 30,
         "kv_disk_cache_ttl_s": 3 * 86400.0,
         "kv_host_cache_bytes": 0,
+        # a default: an engine the tiers cannot hold (DeepSeek-V4, tensor parallel) runs without
+        "kv_tiers_where_supported": True,
         "weights": "auto",
         "prefill_chunk_while_decoding": 256,
     }
@@ -146,6 +148,7 @@ def test_base_reads_the_environment(tmp_path):
         "kv_disk_cache_bytes": 1 << 30,
         "kv_disk_cache_ttl_s": 604800.0,
         "kv_host_cache_bytes": 256 << 20,
+        "kv_tiers_where_supported": False,  # asked for: an engine that cannot use them refuses
         "weights": "fp32",
         "prefill_chunk_while_decoding": 256,
     }

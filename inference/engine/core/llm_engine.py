@@ -417,20 +417,29 @@ class LLMEngine:
         timeout; True at once without tiers)."""
         return self.offloader.flush(timeout) if self.offloader is not None else True
 
-    def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader:
-        """The tiers below the device pool (kv/tiers), for every KV cache group."""
-        cache = self.config.cache
+    def _kv_tiers_unsupported(self) -> str | None:
+        """Why the KV tiers cannot store this engine's KV, or None when they can."""
         if self.executor is not None:
-            raise ValueError(
-                "kv_host_cache_bytes / kv_disk_cache_dir: the KV tiers do not read a "
-                "tensor-parallel engine's KV shards yet; use them with tensor_parallel_size=1"
+            return (
+                "the KV tiers do not read a tensor-parallel engine's KV shards yet; use them "
+                "with tensor_parallel_size=1"
             )
         if self.runner.state is not None:
-            raise ValueError(
-                f"kv_host_cache_bytes / kv_disk_cache_dir: model {self.config.model} keeps its "
-                "own compressed state (DeepSeek-V4), which the KV tiers do not store yet; use "
-                "them with llama-family or Gemma 3 models"
+            return (
+                f"model {self.config.model} keeps its own compressed state (DeepSeek-V4), which "
+                "the KV tiers do not store yet; use them with llama-family or Gemma 3 models"
             )
+        return None
+
+    def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader | None:
+        """The tiers below the device pool (kv/tiers), for every KV cache group."""
+        cache = self.config.cache
+        unsupported = self._kv_tiers_unsupported()
+        if unsupported and cache.kv_tiers_where_supported:
+            logger.info("KV tiers off for this engine: %s", unsupported)
+            return None
+        if unsupported:
+            raise ValueError(f"kv_host_cache_bytes / kv_disk_cache_dir: {unsupported}")
 
         def group(name: str) -> GroupIO:
             shape = self.runner.block_shape(name)

@@ -293,6 +293,23 @@ def test_deepseek_v4_refuses_tiers_with_a_clear_error(tmp_path):
         )
 
 
+def test_where_supported_deepseek_v4_runs_without_the_tiers(tmp_path):
+    config = EngineConfig(
+        model="deepseek-v4-tiny-random",
+        num_kv_blocks=128,
+        kv_disk_cache_dir=str(tmp_path),
+        kv_tiers_where_supported=True,
+    )
+    engine = LLMEngine(config)
+    try:
+        assert engine.offloader is None
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        assert len(engine.generate([[5, 6, 7, 8]], params)[0].token_ids) == 3
+    finally:
+        engine.shutdown()
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.real_model
 def test_smollm2_resumes_a_head_from_disk_with_the_same_greedy_output(tmp_path):
     _, first, second = prompts(41, head=96, tail=10)
