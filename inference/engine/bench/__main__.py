@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import sys
@@ -44,6 +43,7 @@ from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.engine_run import ENGINE_RUNS, EngineRunSpec, run_engine
 from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
+from inference.engine.bench.output import emit, progress
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.restart import restart_main
 from inference.engine.bench.results import RunResult
@@ -294,7 +294,7 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
             head_tokens=args.head_tokens,
             concurrency=args.concurrency,
             max_tokens=args.max_tokens,
-            progress=_progress,
+            progress=progress,
             breakpoint=args.head_tokens if exact else None,
         )
     except ValueError as exc:
@@ -305,15 +305,7 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
     meta["workload"]["shared_prefix_tokens"] = args.head_tokens  # exactly: see retention_sweep
     meta["workload"]["prompt_tokens"] = [m.num_prompt_tokens for m in runs[0].metrics]
     data = {**meta, "retention_sweep": sweep_json(runs)}
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(data, ensure_ascii=False, indent=2))
-    else:
-        print(_header(meta))
-        print(format_sweep(runs))
-    return 0
+    return emit(args, data, f"{_header(meta)}\n{format_sweep(runs)}")
 
 
 def _fanout_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
@@ -341,7 +333,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
         def floor_of(engine: LLMEngine, run: RunResult, workload: Workload) -> None:
             nonlocal floor
             if run.name == "cached":
-                _progress("cached: measuring the workload's compute floor on this machine")
+                progress("cached: measuring the workload's compute floor on this machine")
                 floor = measure_floor(
                     engine.runner.model,
                     workload.prompt_token_counts,
@@ -363,7 +355,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
     if workload is None:  # only the baselines: the workload is still measured in engine tokens
         workload = _workload_of(tokenizer, args)
     if "transformers" in args.runs:
-        _progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
+        progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
         runs.append(
             run_transformers(
                 workload,
@@ -372,10 +364,10 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                 output_token_counts=_output_token_counts(runs, args),
             )
         )
-        _progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
+        progress(f"transformers: done in {runs[-1].wall_s:.1f} s")
     if baseline_llamacpp.NAME in args.runs:
         if baseline_llamacpp.is_available():
-            _progress(f"llamacpp: loading, then {args.requests} requests one at a time")
+            progress(f"llamacpp: loading, then {args.requests} requests one at a time")
             runs.append(
                 baseline_llamacpp.run_llamacpp(
                     workload,
@@ -384,9 +376,9 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                     output_token_counts=_output_token_counts(runs, args),
                 )
             )
-            _progress(f"llamacpp: done in {runs[-1].wall_s:.1f} s")
+            progress(f"llamacpp: done in {runs[-1].wall_s:.1f} s")
         else:
-            _progress("llamacpp: llama-cpp-python not installed (the llamacpp extra), skipped")
+            progress("llamacpp: llama-cpp-python not installed (the llamacpp extra), skipped")
     return runs, workload, floor
 
 
@@ -400,11 +392,11 @@ def _measure(
 ) -> Workload:
     """One engine run on a fresh engine, appended to `runs`; `then` runs on the engine before
     it shuts down. Returns the workload (built by the first engine)."""
-    _progress(f"{spec.name}: loading a fresh engine")
+    progress(f"{spec.name}: loading a fresh engine")
     engine = _engine(args, spec.enable_prefix_caching, **engine_options)
     try:
         workload = workload or _workload(engine, args)
-        _progress(f"{spec.name}: {spec.description}, {args.requests} requests")
+        progress(f"{spec.name}: {spec.description}, {args.requests} requests")
         run = run_engine(
             engine,
             spec,
@@ -418,7 +410,7 @@ def _measure(
             then(engine, run, workload)
     finally:
         engine.shutdown()
-    _progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
+    progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
     return workload
 
 
@@ -531,10 +523,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

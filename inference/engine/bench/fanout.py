@@ -10,7 +10,6 @@ ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inference.engine import LLMEngine, SamplingParams
+from inference.engine.bench.output import emit, progress
 
 
 @dataclass(slots=True)
@@ -142,18 +142,11 @@ def fanout_main(
             tail_tokens=args.tail_tokens,
             max_tokens=args.max_tokens,
             seed=args.seed,
-            progress=lambda message: print(f"[bench] {message}", file=sys.stderr, flush=True),
+            progress=progress,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     data = {**meta, "fanout": fanout_json(runs)}
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(data["command"])
-        print(format_fanout(runs, args.head_tokens, args.tail_tokens, args.requests))
-    return 0
+    text = format_fanout(runs, args.head_tokens, args.tail_tokens, args.requests)
+    return emit(args, data, f"{data['command']}\n{text}")

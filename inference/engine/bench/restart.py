@@ -14,7 +14,6 @@ tick's requests are submitted together, as a tick's fan-out is. Three runs, fres
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.bench.output import emit, progress
 from inference.engine.bench.workload import build_workload, chat_tokenizer_for
 
 NEW_MEMORY = "- An hour passed; nothing else changed since the last decision.\n"
@@ -130,17 +130,12 @@ def restart_main(args: argparse.Namespace, meta: dict) -> int:
             prompt_token_range=args.prompt_token_range,
             max_tokens=args.max_tokens,
             seed=args.seed,
-            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress=progress,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    data = {**meta, "runs": [vars_of(r) for r in results]}
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-    print(json.dumps(data, indent=1) if args.json else format_restart(results))
-    return 0
+    return emit(args, {**meta, "runs": [vars_of(r) for r in results]}, format_restart(results))
 
 
 def vars_of(result: TickResult) -> dict:

@@ -17,7 +17,6 @@ the head that loading it costs (the issue's target: ≤ 20% from disk).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -25,6 +24,7 @@ import tempfile
 from collections.abc import Callable
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.bench.output import emit, progress
 
 KINDS = ("cold", "disk", "host", "device")
 
@@ -142,14 +142,10 @@ def tiers_main(args: argparse.Namespace, meta: dict) -> int:
             tail_tokens=args.tail_tokens,
             repeats=args.repeats,
             seed=args.seed,
-            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress=progress,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result = {**meta, **result}
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1) if args.json else format_tiers(result))
-    return 0
+    return emit(args, result, format_tiers(result))
