@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import random
 
+import torch
+
+from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
+
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:
     """n token ids from the middle of Gemma's vocabulary (no special tokens)."""
@@ -31,3 +35,21 @@ def accounted(metrics) -> int:
         + metrics.num_lost_to_eviction
         + metrics.num_cold_tokens
     )
+
+
+def v4_one_pass(model, ids: list[int], rows: list[int], block_size: int = 16, **kwargs):
+    """A DeepSeek-V4 model over `ids` in one step on fresh state of its own: the logits of
+    `rows` (with keep_for_draft=True, also what its MTP layer reads)."""
+    n = len(ids)
+    num_blocks = -(-n // block_size)
+    state = model.allocate_state(
+        num_blocks, num_blocks, block_size, torch.float32, torch.device("cpu")
+    )
+    blocks = list(range(num_blocks))
+    full = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks)])
+    window = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks, first_block=0)])
+    meta = model.metadata_builder(block_size, torch.device("cpu")).build(full, window)
+    output = model(
+        torch.tensor(ids), torch.arange(n), state.layers, meta, torch.tensor(rows), **kwargs
+    )
+    return output, state

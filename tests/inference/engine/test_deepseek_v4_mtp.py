@@ -11,8 +11,7 @@ import random
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
-from tests.inference.engine.helpers import smollm2_tokens
+from tests.inference.engine.helpers import smollm2_tokens, v4_one_pass
 
 MTP = dict(speculative_method="mtp")
 BLOCK = 16
@@ -21,17 +20,7 @@ BLOCK = 16
 def one_pass_drafts(model, ids: list[int], rows: list[int]) -> list[int]:
     """The MTP layer's greedy token at `rows`, the model and the layer over `ids` in one step
     on fresh state (each row's next token: the following id)."""
-    n = len(ids)
-    num_blocks = -(-n // BLOCK)
-    state = model.allocate_state(num_blocks, num_blocks, BLOCK, torch.float32, torch.device("cpu"))
-    blocks = list(range(num_blocks))
-    full = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks)])
-    window = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks, first_block=0)])
-    meta = model.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
-    _, context = model(
-        torch.tensor(ids), torch.arange(n), state.layers, meta, torch.tensor(rows),
-        keep_for_draft=True,
-    )  # fmt: skip
+    (_, context), state = v4_one_pass(model, ids, rows, BLOCK, keep_for_draft=True)
     next_ids = torch.tensor([*ids[1:], 0])
     logits = model.draft_logits(context, next_ids, state.mtp_layer, torch.tensor(rows))
     return logits.argmax(dim=-1).tolist()

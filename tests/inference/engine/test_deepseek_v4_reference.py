@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 from inference.engine.models import load_model
 from inference.engine.models.deepseek_v4.tiny import NAME, tiny_checkpoint
 from tests.inference.engine.helpers import smollm2_tokens as random_tokens
+from tests.inference.engine.helpers import v4_one_pass
 
 BLOCK = 16
 
@@ -46,14 +46,7 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 
 def one_pass(model, ids: list[int], rows: list[int]) -> torch.Tensor:
     """The model over `ids` in one step, on fresh state of its own."""
-    n = len(ids)
-    num_blocks = -(-n // BLOCK)
-    state = model.allocate_state(num_blocks, num_blocks, BLOCK, torch.float32, torch.device("cpu"))
-    blocks = list(range(num_blocks))
-    full = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks)])
-    window = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks, first_block=0)])
-    meta = model.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
-    return model(torch.tensor(ids), torch.arange(n), state.layers, meta, torch.tensor(rows))
+    return v4_one_pass(model, ids, rows, BLOCK)[0]
 
 
 @pytest.mark.parametrize("length", [37, 131, 300, 700])
