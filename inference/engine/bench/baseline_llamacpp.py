@@ -12,6 +12,7 @@ head only when it directly follows it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -53,14 +54,8 @@ def run_llamacpp(
     path = gguf_path_for(model)
     threads = num_threads or os.cpu_count() or 1
     longest = max(workload.prompt_token_counts) + max(output_token_counts) + 16
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=longest,
-        n_batch=512,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
+    with _without_amx_repacking(llama_cpp):
+        llm = _load(llama_cpp, path, longest, threads)
     stop_ids = sorted(tokenizer.stop_token_ids | {llm.token_eos()})
 
     def no_stop(_, scores):
@@ -113,3 +108,46 @@ def run_llamacpp(
             "output length for it; it reuses the previous prompt's KV up to their common prefix",
         ],
     )
+
+
+def _load(llama_cpp, path, longest: int, threads: int):
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=longest,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+
+
+@contextlib.contextmanager
+def _without_amx_repacking(llama_cpp):
+    """On a CPU with AMX, llama.cpp repacks the weights into its AMX buffer, and its AMX
+    matmul segfaults on the first prompt (llama.cpp issue #20824, seen here on an Intel Xeon
+    with amx_int8 with SmolLM2's Q4_1 file). There, load the model without the extra buffer
+    types (`use_extra_bufts=False`): the plain CPU kernels. Elsewhere nothing changes."""
+    if not _cpu_has_amx():
+        yield
+        return
+    low_level = llama_cpp.llama_cpp  # the ctypes module Llama() reads its defaults from
+    defaults = low_level.llama_model_default_params
+
+    def without_extra_bufts():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low_level.llama_model_default_params = without_extra_bufts
+    try:
+        yield
+    finally:
+        low_level.llama_model_default_params = defaults
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return "amx_int8" in f.read()
+    except OSError:
+        return False
