@@ -214,26 +214,34 @@ def _sweep_system_tokens(head_tokens: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every mode's bad input (a ValueError from the workload, the engine or a run) is one
+    line on stderr and exit code 2."""
     args = parse_args(argv)
-    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_at_start = os.getloadavg()[0]
-    if args.fanout:
-        return _fanout_main(args, started, load_at_start)
-    if args.restart:
-        command = " ".join(["python -m inference.engine.bench", *args.argv])
-        meta = dict(command=command, started=started, load_at_start=load_at_start)
-        return restart_main(args, {**meta, "cpu": _cpu_model()})
-    if args.tiers:
-        command = " ".join(["python -m inference.engine.bench", *args.argv])
-        meta = dict(command=command, started=started, load_at_start=load_at_start)
-        return tiers_main(args, {**meta, "cpu": _cpu_model()})
-    if args.intervals is not None:
-        return _sweep_main(args, started, load_at_start)
     try:
-        runs, workload, floor = _run_all(args)
+        return _dispatch(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_at_start = os.getloadavg()[0]
+    if args.fanout or args.restart or args.tiers:
+        command = " ".join(["python -m inference.engine.bench", *args.argv])
+        meta = dict(command=command, started=started, load_at_start=load_at_start)
+        meta["cpu"] = _cpu_model()
+        if args.restart:
+            return restart_main(args, meta)
+        if args.tiers:
+            return tiers_main(args, meta)
+        interval = args.intervals[0] if args.intervals else None
+        return fanout_main(
+            args, lambda shared: _engine(args, True, interval, enable_shared_prefill=shared), meta
+        )
+    if args.intervals is not None:
+        return _sweep_main(args, started, load_at_start)
+    runs, workload, floor = _run_all(args)
     summaries = {run.name: summarize(run) for run in runs}
     meta = _meta(args, workload, started, load_at_start)
     floor_lines = format_floor(floor, {n: s.requests_per_min for n, s in summaries.items()})
@@ -278,43 +286,30 @@ def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) ->
             seed=args.seed,
         )
 
-    try:
-        exact = args.exact_reuse  # else vLLM's rounding: the talk's numbers
-        flags = dict(
-            enable_partial_block_reuse=exact,
-            enable_junction_checkpoints=exact,
-            enable_shared_prefill=exact,
-        )
-        if args.bounded_replay:
-            flags["enable_bounded_replay"] = True
-        runs, workload = run_sweep(
-            lambda caching, interval: _engine(args, caching, interval, **flags),
-            workload_of,
-            args.intervals,
-            head_tokens=args.head_tokens,
-            concurrency=args.concurrency,
-            max_tokens=args.max_tokens,
-            progress=progress,
-            breakpoint=args.head_tokens if exact else None,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    exact = args.exact_reuse  # else vLLM's rounding: the talk's numbers
+    flags = dict(
+        enable_partial_block_reuse=exact,
+        enable_junction_checkpoints=exact,
+        enable_shared_prefill=exact,
+    )
+    if args.bounded_replay:
+        flags["enable_bounded_replay"] = True
+    runs, workload = run_sweep(
+        lambda caching, interval: _engine(args, caching, interval, **flags),
+        workload_of,
+        args.intervals,
+        head_tokens=args.head_tokens,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        progress=progress,
+        breakpoint=args.head_tokens if exact else None,
+    )
     meta = _meta(args, workload, started, load_at_start)
     meta["workload"]["head_tokens"] = args.head_tokens
     meta["workload"]["shared_prefix_tokens"] = args.head_tokens  # exactly: see retention_sweep
     meta["workload"]["prompt_tokens"] = [m.num_prompt_tokens for m in runs[0].metrics]
     data = {**meta, "retention_sweep": sweep_json(runs)}
     return emit(args, data, f"{_header(meta)}\n{format_sweep(runs)}")
-
-
-def _fanout_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:
-    interval = args.intervals[0] if args.intervals else None
-    command = " ".join(["python -m inference.engine.bench", *args.argv])
-    meta = dict(command=command, started=started, load_at_start=load_at_start, cpu=_cpu_model())
-    return fanout_main(
-        args, lambda shared: _engine(args, True, interval, enable_shared_prefill=shared), meta
-    )
 
 
 def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor | None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,19 +133,15 @@ def fanout_main(
     args: argparse.Namespace, make_engine: Callable[[bool], LLMEngine], meta: dict
 ) -> int:
     """The `--fanout` command: run, then print a table (or JSON) and write --json-out."""
-    try:
-        runs = run_fanout(
-            make_engine,
-            num_requests=args.requests,
-            head_tokens=args.head_tokens,
-            tail_tokens=args.tail_tokens,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            progress=progress,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    runs = run_fanout(
+        make_engine,
+        num_requests=args.requests,
+        head_tokens=args.head_tokens,
+        tail_tokens=args.tail_tokens,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        progress=progress,
+    )
     data = {**meta, "fanout": fanout_json(runs)}
     text = format_fanout(runs, args.head_tokens, args.tail_tokens, args.requests)
     return emit(args, data, f"{data['command']}\n{text}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,19 +121,15 @@ def format_restart(results: list[TickResult]) -> str:
 
 
 def restart_main(args: argparse.Namespace, meta: dict) -> int:
-    try:
-        results = run_restart(
-            args.model,
-            num_residents=args.requests,
-            head_tokens=args.head_tokens,
-            prompt_token_range=args.prompt_token_range,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            progress=progress,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    results = run_restart(
+        args.model,
+        num_residents=args.requests,
+        head_tokens=args.head_tokens,
+        prompt_token_range=args.prompt_token_range,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        progress=progress,
+    )
     return emit(args, {**meta, "runs": [vars_of(r) for r in results]}, format_restart(results))
 
 

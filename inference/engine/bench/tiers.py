@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable
 
@@ -135,17 +134,13 @@ def format_tiers(result: dict) -> str:
 
 
 def tiers_main(args: argparse.Namespace, meta: dict) -> int:
-    try:
-        result = run_tiers(
-            args.model,
-            head_tokens=args.head_tokens,
-            tail_tokens=args.tail_tokens,
-            repeats=args.repeats,
-            seed=args.seed,
-            progress=progress,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = run_tiers(
+        args.model,
+        head_tokens=args.head_tokens,
+        tail_tokens=args.tail_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+        progress=progress,
+    )
     result = {**meta, **result}
     return emit(args, result, format_tiers(result))
