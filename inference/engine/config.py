@@ -177,8 +177,13 @@ class SchedulerConfig:
 class RunnerConfig:
     """How the model runs: precision, attention path, CUDA graphs, CPU threads."""
 
-    # Weights and KV cache. "auto": float32 on CPU (no fast bf16 there), bfloat16 on CUDA.
+    # Weights and activations. "auto": float32 on CPU (no fast bf16 there), bfloat16 on CUDA.
     dtype: str = "auto"
+    # The KV cache. "auto": `dtype`. "bfloat16" on the CPU halves the bytes every decode step
+    # reads (its attention runs in bfloat16 with float32 accumulation; the rest of the model stays
+    # float32): the fast path's, not the exact reference's (docs/PERFORMANCE.md, "A bfloat16 KV
+    # cache"). On CUDA it must be `dtype` (the kernels read the model's dtype).
+    kv_cache_dtype: str = "auto"
     # "auto": the triton kernels on CUDA, the torch path on CPU. "triton" on CPU runs the kernels
     # under triton's interpreter (TRITON_INTERPRET=1 before triton is imported): for tests.
     attention_backend: str = "auto"
@@ -201,6 +206,10 @@ class RunnerConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in _DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.attention_backend not in _ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {_ATTENTION_BACKENDS}, "
@@ -428,8 +437,23 @@ class EngineConfig:
             )
         if backend == "auto":
             backend = "triton" if on_cuda else "torch"
-        if (dtype, backend) != (self.runner.dtype, self.runner.attention_backend):
-            self.runner = dataclasses.replace(self.runner, dtype=dtype, attention_backend=backend)
+        kv_dtype = self.runner.kv_cache_dtype
+        kv_dtype = dtype if kv_dtype == "auto" else kv_dtype
+        if on_cuda and kv_dtype != dtype:
+            raise ValueError(
+                f"kv_cache_dtype {kv_dtype!r} with dtype {dtype!r} on CUDA: the kernels read the "
+                "model's dtype; use kv_cache_dtype='auto'"
+            )
+        if not on_cuda and kv_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"kv_cache_dtype {kv_dtype!r} on the CPU: use 'float32' (exact) or 'bfloat16' "
+                "(half the bytes; float16 attention is ~2x slower than bfloat16's on these CPUs)"
+            )
+        resolved = dataclasses.replace(
+            self.runner, dtype=dtype, attention_backend=backend, kv_cache_dtype=kv_dtype
+        )
+        if resolved != self.runner:
+            self.runner = resolved
 
 
 def _sub_config(name: str, value: Any) -> Any:

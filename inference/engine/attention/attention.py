@@ -42,8 +42,8 @@ def write_kv(
 
         store_kv(k, v, k_cache, v_cache, slots)
         return
-    k_cache.index_copy_(0, slots, k)
-    v_cache.index_copy_(0, slots, v)
+    k_cache.index_copy_(0, slots, k.to(k_cache.dtype))  # a bfloat16 cache rounds them here
+    v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def paged_attention(
@@ -61,8 +61,8 @@ def paged_attention(
     if meta.decode is not None and meta.decode.window == window:
         batched = set(meta.decode.span_indices)
         out[meta.decode.rows] = decode_attention(
-            q, k_cache, v_cache, meta.decode, scale, _flash_masked
-        )
+            q.to(k_cache.dtype), k_cache, v_cache, meta.decode, scale, _flash_masked
+        ).to(q.dtype)
     if window is not None:
         return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window, out, batched)
     n_heads, head_dim = q.shape[1], q.shape[2]
@@ -142,10 +142,12 @@ def _causal_part(qs, k_new, v_new, group: int, scale: float):
 
 
 def _dense_part(folded, k_ctx, v_ctx, scale: float):
-    """Folded queries (1, KVH, G*q, D) over cached keys (n, KVH, D), no mask."""
+    """Folded queries (1, KVH, G*q, D) over cached keys (n, KVH, D), no mask; in the cache's
+    dtype (a bfloat16 cache is read as it is, not copied up to float32)."""
     ks = k_ctx.transpose(0, 1).unsqueeze(0)  # (1, KVH, n, D), a view
     vs = v_ctx.transpose(0, 1).unsqueeze(0)
-    return _flash(folded, ks, vs, False, scale)
+    o, lse = _flash(folded.to(ks.dtype), ks, vs, False, scale)
+    return o.to(folded.dtype), lse
 
 
 def _merge(parts):

@@ -52,7 +52,7 @@ class _Read:
     length: int  # a multiple of splits; past the window's end (or before it) is masked
     splits: int
     additive: torch.Tensor  # (S, 1, R*G, L/S) 0 where the query's sequence owns the key
-    has_keys: torch.Tensor  # (S, 1, R*G) whether a query has any key in the slice
+    no_keys: torch.Tensor  # (S, 1, R*G) whether a query has no key in the slice
 
 
 @dataclass(slots=True)
@@ -163,6 +163,8 @@ def decode_attention(
     # (B, H, D) → (KVH, B, G, D): the queries of one KV group share its keys.
     folded = q.index_select(0, batch.rows).view(num_seqs, n_kv, group, head_dim).transpose(0, 1)
     parts = []
+    # One window holding every sequence (the usual step) needs no lse: nothing to merge it with.
+    whole = len(batch.windows) == 1 and batch.windows[0].members.shape[0] == num_seqs
     for window in batch.windows:
         if window.read is None:
             window.read = _plan_read(window, k_cache.shape[0], group, q.dtype)
@@ -184,12 +186,13 @@ def decode_attention(
             scale,
         )
         if read.splits > 1:
-            o, lse = _merge_slices(o, lse, read.has_keys)
+            o, lse = _merge_slices(o, lse, read.no_keys, want_lse=not whole)
         o = o.view(n_kv, members, group, head_dim)
-        parts.append((window, o, lse.view(n_kv, members, group)))
-    if len(parts) == 1 and parts[0][0].members.shape[0] == num_seqs:
+        parts.append((window, o, lse))
+    if whole:
         merged = parts[0][1]
     else:
+        parts = [(w, o, lse.view(n_kv, o.shape[1], group)) for w, o, lse in parts]
         merged = _merge_windows(parts, n_kv, num_seqs, group, head_dim, q)
     return merged.transpose(0, 1).reshape(num_seqs, n_heads, head_dim)
 
@@ -209,7 +212,7 @@ def _plan_read(window: DecodeWindow, num_slots: int, group: int, dtype) -> _Read
     mask = mask.view(mask.shape[0], splits, padded // splits).transpose(0, 1)  # (S, R*G, L/S)
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     additive.masked_fill_(~mask, float("-inf"))
-    return _Read(start, padded, splits, additive.unsqueeze(1), mask.any(-1).unsqueeze(1))
+    return _Read(start, padded, splits, additive.unsqueeze(1), ~mask.any(-1).unsqueeze(1))
 
 
 def _slices(cache_rows: torch.Tensor, splits: int) -> torch.Tensor:
@@ -218,21 +221,23 @@ def _slices(cache_rows: torch.Tensor, splits: int) -> torch.Tensor:
     return cache_rows.view(splits, length // splits, n_kv, head_dim).transpose(1, 2)
 
 
-def _merge_slices(o: torch.Tensor, lse: torch.Tensor, has_keys: torch.Tensor):
-    """(S, KVH, R*G, D), (S, KVH, R*G) → the whole window's (1, ...), (1, ...). The kernel
-    gives a query with no key in a slice an lse of 0, not -inf: masked here."""
-    lse = lse.masked_fill(~has_keys, float("-inf"))
-    weights = torch.softmax(lse, dim=0).unsqueeze(-1).to(o.dtype)
-    return (o * weights).sum(0, keepdim=True), torch.logsumexp(lse, dim=0, keepdim=True)
+def _merge_slices(o: torch.Tensor, lse: torch.Tensor, no_keys: torch.Tensor, want_lse: bool):
+    """(S, KVH, R*G, D), (S, KVH, R*G) → the whole window's (1, ...) and, with `want_lse`, its
+    (1, ...) lse (else None). The kernel gives a query with no key in a slice an lse of 0, not
+    -inf: masked here."""
+    lse = lse.masked_fill(no_keys, float("-inf"))
+    weights = torch.softmax(lse.float(), dim=0).unsqueeze(-1)  # merged in float32
+    merged = (o.float() * weights).sum(0, keepdim=True)
+    return merged, torch.logsumexp(lse, dim=0, keepdim=True) if want_lse else None
 
 
 def _merge_windows(parts, n_kv: int, num_seqs: int, group: int, head_dim: int, like):
     """Combine the windows' partial results by log-sum-exp; a sequence absent from a window
     gets weight 0 there."""
-    outs = like.new_zeros(len(parts), n_kv, num_seqs, group, head_dim)
+    outs = like.new_zeros(len(parts), n_kv, num_seqs, group, head_dim, dtype=torch.float32)
     lses = like.new_full((len(parts), n_kv, num_seqs, group), float("-inf"), dtype=torch.float32)
     for w, (window, o, lse) in enumerate(parts):
-        outs[w].index_copy_(1, window.members, o)
+        outs[w].index_copy_(1, window.members, o.float())
         lses[w].index_copy_(1, window.members, lse.float())
-    weights = torch.softmax(lses, dim=0).unsqueeze(-1).to(outs.dtype)
+    weights = torch.softmax(lses, dim=0).unsqueeze(-1)
     return (outs * weights).sum(0)  # (KVH, B, G, D)

@@ -48,8 +48,8 @@ def windowed_attention(
         )  # fmt: skip
         if span.query_len > 1:  # the new tokens, which come after the listed context
             pieces.append((k[rows], v[rows], q_pos))
-        keys = torch.cat([p[0] for p in pieces])  # (n, KVH, D)
-        values = torch.cat([p[1] for p in pieces])
+        keys = torch.cat([p[0] for p in pieces]).to(q.dtype)  # (n, KVH, D)
+        values = torch.cat([p[1] for p in pieces]).to(q.dtype)
         k_pos = torch.cat([p[2] for p in pieces])  # (n,)
         visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - window)
         o = F.scaled_dot_product_attention(

@@ -116,19 +116,7 @@ def kv_block_counts(
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.runner.num_threads:
-            torch.set_num_threads(config.runner.num_threads)
         self.device = torch.device(config.device)
-        # One model over several processes: this engine is rank 0 (distributed/executor.py).
-        self.executor: TensorParallelExecutor | None = None
-        if config.parallel.tensor_parallel_size > 1:
-            self.executor = TensorParallelExecutor(config, self.device)
-        try:
-            self._start(config)
-        except BaseException:
-            if self.executor is not None:
-                self.executor.close()  # the workers leave too
-            raise
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._lock = threading.Condition()
@@ -137,8 +125,39 @@ class LLMEngine:
         self._aborts: dict[str, str] = {}  # request id → why, applied by the loop between steps
         self._num_steps = 0
         self._shutdown = False
-        self._loop = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
+        # One model over several processes: this engine is rank 0 (distributed/executor.py).
+        self.executor: TensorParallelExecutor | None = None
+        if config.parallel.tensor_parallel_size > 1:
+            self.executor = TensorParallelExecutor(config, self.device)
+        # The engine thread loads the model, then runs the loop (see _run_engine_thread).
+        started: Future[None] = Future()
+        self._loop = threading.Thread(
+            target=self._run_engine_thread, args=(started,), name="llm-engine-loop", daemon=True
+        )
         self._loop.start()
+        try:
+            started.result()
+        except BaseException:
+            if self.executor is not None:
+                self.executor.close()  # the workers leave too
+            raise
+
+    def _run_engine_thread(self, started: Future) -> None:
+        """Build the engine, then run the loop: every multi-threaded torch op of the engine
+        runs on this one thread. libgomp keeps a team of worker threads for each thread that
+        ever ran a parallel region; once its threads outnumber the CPUs it stops spinning
+        between regions and every op waits for its workers to wake. A model loaded on the
+        caller's thread and stepped on this one left two teams on a 2-core CPU and made a
+        decode step up to 1.7x slower (docs/PERFORMANCE.md, "One thread for torch")."""
+        try:
+            if self.config.runner.num_threads:
+                torch.set_num_threads(self.config.runner.num_threads)
+            self._start(self.config)
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(None)
+        self._run_loop()
 
     def _start(self, config: EngineConfig) -> None:
         """Load the model (this rank's shard of it), size the KV cache, build the scheduler,
@@ -154,7 +173,8 @@ class LLMEngine:
         self.max_model_len = min(
             scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
         )
-        dtype = getattr(torch, running.dtype)
+        # DeepSeek-V4's own state is in the model's dtype (the runner refuses another).
+        dtype = getattr(torch, running.kv_cache_dtype)
         # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
         group_bytes = {
             group: size * dtype.itemsize // 4
@@ -218,6 +238,7 @@ class LLMEngine:
             block_size=cache.block_size,
             num_window_blocks=self.num_window_blocks,
             dtype=running.dtype,
+            kv_cache_dtype=running.kv_cache_dtype,
             use_kernels=running.attention_backend == "triton",
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
             max_num_seqs=scheduling.max_num_seqs,

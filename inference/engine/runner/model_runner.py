@@ -83,6 +83,7 @@ class RunnerSetup:
     max_num_seqs: int
     decode_windows: bool
     draft_with_mtp: bool = False
+    kv_cache_dtype: str = "float32"
 
     def build(self, loaded, device: torch.device, structured) -> ModelRunner:
         return ModelRunner(
@@ -93,6 +94,7 @@ class RunnerSetup:
             structured,
             num_window_blocks=self.num_window_blocks,
             dtype=getattr(torch, self.dtype),
+            kv_cache_dtype=getattr(torch, self.kv_cache_dtype),
             use_kernels=self.use_kernels,
             cuda_graph_max_len=self.cuda_graph_max_len,
             max_num_seqs=self.max_num_seqs,
@@ -111,6 +113,7 @@ class ModelRunner:
         structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
         *,
         dtype: torch.dtype = torch.float32,
+        kv_cache_dtype: torch.dtype | None = None,  # None: `dtype`
         use_kernels: bool = False,
         cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
         max_num_seqs: int = 1,
@@ -159,6 +162,12 @@ class ModelRunner:
         self._copy_slots = copy_slots
         # Both groups have num_blocks blocks (see llm_engine).
         self.state = None
+        kv_cache_dtype = kv_cache_dtype or dtype
+        if own_state and kv_cache_dtype != dtype:
+            raise ValueError(
+                f"kv_cache_dtype {str(kv_cache_dtype)[6:]!r}: {type(self.model).__name__} keeps "
+                "its own attention state in the model's dtype; use kv_cache_dtype='auto'"
+            )
         if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4/state.py)
             self.state = self.model.allocate_state(
                 num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
@@ -166,7 +175,12 @@ class ModelRunner:
             self.kv_caches = self.state.layers
         else:
             self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
-                layer_types, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+                layer_types,
+                num_blocks * block_size,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                kv_cache_dtype,
+                device,
             )
         if draft_with_mtp and not getattr(self.model, "has_mtp", False):
             raise ValueError(f"{type(self.model).__name__} has no MTP layer to draft with")
