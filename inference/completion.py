@@ -109,6 +109,7 @@ class CompletionMetrics:
     num_draft_tokens: int | None = None  # speculative decoding: drafted, and accepted
     num_accepted_tokens: int | None = None
     weights: str | None = None  # the engine's weight format: "fp32" | "int8" | "int4"
+    kv_cache_dtype: str | None = None  # the engine's KV cache: "float32" | "bfloat16"
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -139,6 +140,7 @@ class CompletionMetrics:
             num_draft_tokens=metrics.num_draft_tokens,
             num_accepted_tokens=metrics.num_accepted_tokens,
             weights=metrics.weights,
+            kv_cache_dtype=metrics.kv_cache_dtype,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -168,6 +170,7 @@ class CompletionMetrics:
             "num_cached_tokens_disk": self.num_cached_tokens_disk,
             "kv_load_s": self.kv_load_s,
             "weights": self.weights,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -203,6 +206,7 @@ class CompletionMetrics:
             num_draft_tokens=data.get("num_draft_tokens"),
             num_accepted_tokens=data.get("num_accepted_tokens"),
             weights=data.get("weights"),
+            kv_cache_dtype=data.get("kv_cache_dtype"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

@@ -422,8 +422,12 @@ class DecisionAdmin(admin.ModelAdmin):
 
     @admin.display(description="weights")
     def weights(self, decision: Decision) -> str:
-        """The engine's weight format this decision ran with (fp32 | int8 | int4)."""
-        return (decision.metrics or {}).get("weights") or "-"
+        """The engine's weight format this decision ran with (fp32 | int8 | int4), and its KV
+        cache's dtype where the engine said (float32 | bfloat16)."""
+        metrics = decision.metrics or {}
+        weights = metrics.get("weights") or "-"
+        kv = metrics.get("kv_cache_dtype")
+        return f"{weights} · KV cache {kv}" if kv else weights
 
     @admin.display(description="JSON schema")
     def schema(self, decision: Decision) -> str:

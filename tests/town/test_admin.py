@@ -440,3 +440,8 @@ def test_decision_page_says_which_weights_the_engine_ran(admin_client, db):
     Decision.objects.filter(pk=decision.pk).update(metrics={"weights": "int4"})
     page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
     assert '<div class="readonly">int4</div>' in page  # its own field, not only the JSON
+    Decision.objects.filter(pk=decision.pk).update(
+        metrics={"weights": "int4", "kv_cache_dtype": "bfloat16"}
+    )
+    page = admin_client.get(f"/admin/town/decision/{decision.pk}/change/").content.decode()
+    assert '<div class="readonly">int4 · KV cache bfloat16</div>' in page

@@ -6,8 +6,10 @@ number), with it off, without the JSON schema, with prompt-lookup speculative de
 `generate` and, when llama-cpp-python is installed (the `llamacpp` extra), llama.cpp on the same
 GGUF file, one request at a time. Each engine run gets a fresh engine. Prints a table and the
 ratios against the issues' targets (`--json`: one JSON object). Progress goes to stderr.
-`--weights` picks the engine's weight format (fp32 | int8 | int4 | auto), `--ticks 2` the town's
-two-tick pattern (each resident's own head repeating on tick 2).
+`--weights` picks the engine's weight format (fp32 | int8 | int4 | auto), `--kv-cache-dtype` its
+KV cache's (auto | float32 | bfloat16), `--ticks 2` the town's two-tick pattern (each resident's
+own head repeating on tick 2). After each `cached*` run its engine also decodes alone, with no
+prompt chunk beside it (steady_decode): the decode step itself, at the concurrency and at one.
 
 With `--retention-interval 4096,2048,1024,dense` it runs a retention sweep instead (see
 retention_sweep): prompts sharing exactly `--head-tokens` tokens, one fresh engine per policy
@@ -44,6 +46,7 @@ from inference.engine.bench.engine_run import ENGINE_RUNS, EngineRunSpec, run_en
 from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.output import emit, progress
+from inference.engine.bench.own_thread import in_own_thread
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.restart import restart_main
 from inference.engine.bench.results import RunResult
@@ -53,6 +56,7 @@ from inference.engine.bench.retention_sweep import (
     run_sweep,
     sweep_json,
 )
+from inference.engine.bench.steady_decode import measure_steady_decode
 from inference.engine.bench.tiers import tiers_main
 from inference.engine.bench.workload import (
     DECISION_MAX_TOKENS,
@@ -106,6 +110,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="fp32",
         help="engine weight format (fp32 | int8 | int4 | auto); a comma-separated list adds a "
         "cached_<format> run for each format after the first",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="engine KV cache dtype (auto | float32 | bfloat16); a comma-separated list adds a "
+        "cached_kv_<dtype> run for each dtype after the first",
     )
     parser.add_argument(
         "--prefill-chunk-while-decoding",
@@ -203,6 +213,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be ≥ 1")
     args.weights, *args.more_weights = [w.strip() for w in args.weights.split(",")]
+    args.kv_cache_dtype, *args.more_kv_cache_dtypes = [
+        d.strip() for d in args.kv_cache_dtype.split(",")
+    ]
     if args.requests % args.ticks:
         parser.error(f"--requests must be a multiple of --ticks ({args.ticks})")
     args.baseline_requests = min(args.baseline_requests, args.requests)
@@ -329,7 +342,8 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
             nonlocal floor
             if run.name == "cached":
                 progress("cached: measuring the workload's compute floor on this machine")
-                floor = measure_floor(
+                floor = in_own_thread(
+                    measure_floor,
                     engine.runner.model,
                     workload.prompt_token_counts,
                     workload.num_shared_prefix_tokens,
@@ -345,6 +359,13 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
             description=f"{ENGINE_RUNS['cached'].description}, {weights} weights",
         )
         workload = _measure(args, spec, dict(weights=weights), runs, workload)
+    for kv_dtype in args.more_kv_cache_dtypes:
+        spec = dataclasses.replace(
+            ENGINE_RUNS["cached"],
+            name=f"cached_kv_{kv_dtype}",
+            description=f"{ENGINE_RUNS['cached'].description}, a {kv_dtype} KV cache",
+        )
+        workload = _measure(args, spec, dict(kv_cache_dtype=kv_dtype), runs, workload)
     _note_speculative_exactness(runs)
     tokenizer = load_tokenizer(args.model)
     if workload is None:  # only the baselines: the workload is still measured in engine tokens
@@ -352,7 +373,8 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
     if "transformers" in args.runs:
         progress(f"transformers: loading, then {args.baseline_requests} requests one at a time")
         runs.append(
-            run_transformers(
+            in_own_thread(
+                run_transformers,
                 workload,
                 model=args.model,
                 num_requests=args.baseline_requests,
@@ -400,6 +422,14 @@ def _measure(
             max_tokens=args.max_tokens,
             output_token_counts=_output_token_counts(runs, args),
         )
+        if spec.name.startswith("cached"):
+            progress(f"{spec.name}: decoding alone, {args.concurrency} in flight, then 1")
+            steady = measure_steady_decode(engine, workload, args.concurrency)
+            run = dataclasses.replace(
+                run,
+                steady_decode_s_per_token=steady.s_per_token,
+                steady_decode_single_s_per_token=steady.single_s_per_token,
+            )
         runs.append(run)
         if then is not None:
             then(engine, run, workload)
@@ -442,6 +472,7 @@ def _engine(
         "enable_jump_forward": enable_jump_forward,
         "retention_interval": retention_interval,
         "weights": args.weights,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "prefill_chunk_while_decoding": args.prefill_chunk_while_decoding,
         **overrides,
     }
@@ -486,6 +517,7 @@ def _meta(args: argparse.Namespace, workload: Workload, started: str, load: floa
             "max_tokens": args.max_tokens,
             "ticks": args.ticks,
             "weights": ",".join([args.weights, *args.more_weights]),
+            "kv_cache_dtype": ",".join([args.kv_cache_dtype, *args.more_kv_cache_dtypes]),
             "prefill_chunk_while_decoding": args.prefill_chunk_while_decoding,
             "head_tokens": workload.num_head_tokens,
             "shared_prefix_tokens": workload.num_shared_prefix_tokens,
@@ -504,7 +536,7 @@ def _header(meta: dict) -> str:
         f"head {w['head_tokens']} tokens (shared prefix {w['shared_prefix_tokens']}), "
         f"prompts {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])} tokens, "
         f"max_tokens {w['max_tokens']}, seed {w['seed']}, ticks {w['ticks']}, "
-        f"{w['weights']} weights, prefill chunk while decoding "
+        f"{w['weights']} weights, KV cache {w['kv_cache_dtype']}, prefill chunk while decoding "
         f"{w['prefill_chunk_while_decoding'] or 'uncapped'}\n"
     )
 

@@ -100,6 +100,9 @@ def run_engine(
             "num_spec_verifications": after.num_spec_verifications - before.num_spec_verifications,
             "num_draft_tokens": after.num_draft_tokens - before.num_draft_tokens,
             "num_accepted_tokens": after.num_accepted_tokens - before.num_accepted_tokens,
+            # What the run ran with, not a delta.
+            "weights": after.weights,
+            "kv_cache_dtype": after.kv_cache_dtype,
         },
     )
 

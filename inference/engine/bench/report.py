@@ -35,6 +35,10 @@ class RunSummary:
     # request (1 + accepted per step); None for the others.
     spec_acceptance_rate: float | None = None
     spec_tokens_per_step: float | None = None
+    # Decode with no prompt chunk in its steps (steady_decode), at the run's concurrency and
+    # alone; None for the runs that did not measure it.
+    steady_decode_s_per_token: float | None = None
+    steady_decode_single_s_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,8 @@ def summarize(run: RunResult) -> RunSummary:
         num_valid_json=valid,
         spec_acceptance_rate=acceptance,
         spec_tokens_per_step=tokens_per_step,
+        steady_decode_s_per_token=run.steady_decode_s_per_token,
+        steady_decode_single_s_per_token=run.steady_decode_single_s_per_token,
     )
 
 
@@ -146,12 +152,29 @@ def ratios(summaries: dict[str, RunSummary], ticks: int = 1, concurrency: int = 
               _times(ratio("llamacpp", "decode_s_per_token", "cached"), concurrency), 2.0, True),
         Ratio("engine_per_request_decode_vs_llamacpp",
               ratio("llamacpp", "decode_s_per_token", "cached"), 0.5, True),
+        # The same two with the engine's decode alone (steady_decode): its step, not the
+        # prompt chunks of the requests starting beside it; llama.cpp's is already alone.
+        Ratio("engine_steady_aggregate_decode_vs_llamacpp_single_stream",
+              _times(_over(summaries, "llamacpp", "decode_s_per_token", "cached",
+                           "steady_decode_s_per_token"), concurrency), 2.0, True),
+        Ratio("engine_steady_per_request_decode_vs_llamacpp",
+              _over(summaries, "llamacpp", "decode_s_per_token", "cached",
+                    "steady_decode_s_per_token"), 0.5, True),
         *other_weights,
     ]  # fmt: skip
 
 
 def _times(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
+
+
+def _over(summaries, top: str, top_field: str, bottom: str, bottom_field: str) -> float | None:
+    """summaries[top].top_field / summaries[bottom].bottom_field, None if either is missing."""
+    if top not in summaries or bottom not in summaries:
+        return None
+    numerator = getattr(summaries[top], top_field)
+    denominator = getattr(summaries[bottom], bottom_field)
+    return numerator / denominator if numerator and denominator else None
 
 
 def to_json(
@@ -196,6 +219,8 @@ _ROWS = [
     ("mean prompt tokens", "mean_prompt_tokens", "{:.0f}"),
     ("mean output tokens", "mean_output_tokens", "{:.1f}"),
     ("decode per token (ms)", "decode_s_per_token", "ms"),
+    ("decode alone, {c} in flight, per token (ms)", "steady_decode_s_per_token", "ms"),
+    ("decode alone, 1 in flight, per token (ms)", "steady_decode_single_s_per_token", "ms"),
     ("draft acceptance rate", "spec_acceptance_rate", "{:.1%}"),
     ("tokens per verification step", "spec_tokens_per_step", "{:.2f}"),
     ("requests", "num_requests", "{}"),
@@ -211,7 +236,7 @@ def format_table(
     lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, field, fmt in _ROWS:
         cells = [_cell(getattr(summaries[n], field), fmt) for n in names]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label.format(c=concurrency)} | " + " | ".join(cells) + " |")
     valid = [
         "n/a (no schema)" if s.num_valid_json is None else f"{s.num_valid_json}/{s.num_requests}"
         for s in (summaries[n] for n in names)

@@ -27,3 +27,6 @@ class RunResult:
     schema: dict | None  # the JSON schema outputs were constrained by, if any
     notes: list[str] = field(default_factory=list)
     engine_stats: dict | None = None  # engine-wide counters over the run (deltas)
+    # Decode alone, after the run (steady_decode): per token at the run's concurrency, and alone.
+    steady_decode_s_per_token: float | None = None
+    steady_decode_single_s_per_token: float | None = None

@@ -1,14 +1,18 @@
-"""How far the quantized weight formats stray from fp32 on the town's prompts, and how fast.
+"""How far the quantized weight formats (and a bfloat16 KV cache) stray from fp32 on the
+town's prompts, and how fast.
 
 `python -m inference.engine.bench.weights_agreement` runs the town-shaped workload (JSON
-schema on, greedy) once per format on a fresh engine and compares every format with fp32:
+schema on, greedy) once per format on a fresh engine and compares every format with fp32. A
+format is a weight format, optionally with a KV cache dtype after a slash: `int4/bfloat16`
+runs int4 weights over a bfloat16 KV cache (`--formats fp32,int4,int4/bfloat16`).
 
 - decisions: the share of prompts whose output is token for token the fp32 one, the share
   whose decision (action and target) is the same, and the mean tokens before the first
   divergence;
 - logits: teacher-forced on the fp32 outputs (prompt + output in one prefill), the max and
   mean absolute difference of the next-token logits over every output position, and the
-  share of positions whose argmax agrees;
+  share of positions whose argmax agrees (one prefill reads its own keys in float32, not the
+  cache: a KV dtype shows in the decisions, not here);
 - the JSON validity rate, requests/min and decode ms per token at the given concurrency.
 
 Its table chose what weights="auto" resolves to (models.AUTO_CPU_WEIGHTS): the fastest format
@@ -35,7 +39,7 @@ from inference.engine.models import load_tokenizer
 
 @dataclass(frozen=True, slots=True)
 class FormatRun:
-    weights: str
+    weights: str  # "int4", or "int4/bfloat16" with a KV cache dtype
     token_ids: list[list[int]]
     texts: list[str]
     logits: list[torch.Tensor]  # per prompt: (num_output_tokens, vocab), teacher-forced
@@ -43,10 +47,14 @@ class FormatRun:
     decode_s_per_token: float  # summed decode time over tokens after the first, per request
 
 
-def run_format(model: str, weights: str, workload, concurrency: int, forced=None) -> FormatRun:
+def run_format(model: str, fmt: str, workload, concurrency: int, forced=None) -> FormatRun:
     """Generate every prompt greedily on a fresh engine; then the teacher-forced logits of
-    `forced` (per prompt, the output token ids to force; default: its own)."""
-    engine = LLMEngine(EngineConfig(model=model, weights=weights))
+    `forced` (per prompt, the output token ids to force; default: its own). `fmt`: weights,
+    or weights/KV cache dtype."""
+    weights, _, kv_cache_dtype = fmt.partition("/")
+    engine = LLMEngine(
+        EngineConfig(model=model, weights=weights, kv_cache_dtype=kv_cache_dtype or "auto")
+    )
     try:
         params = SamplingParams(
             max_tokens=DECISION_MAX_TOKENS, temperature=0.0, json_schema=workload.schema
@@ -63,7 +71,7 @@ def run_format(model: str, weights: str, workload, concurrency: int, forced=None
         forced = forced or token_ids
         logits = [forced_logits(engine, p, f) for p, f in zip(prompts, forced, strict=True)]
         return FormatRun(
-            weights=engine.weights,
+            weights=engine.weights + (f"/{kv_cache_dtype}" if kv_cache_dtype else ""),
             token_ids=token_ids,
             texts=[o.text for o in outputs],
             logits=logits,
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     for row in rows:
         print(
-            f"{row['weights']:>5}: decisions same {row['identical_decisions']:.0%}, outputs same "
+            f"{row['weights']:>13}: decisions same {row['identical_decisions']:.0%}, outputs same "
             f"{row['identical_outputs']:.0%}, tokens to divergence "
             f"{row['mean_tokens_to_divergence']:.1f}, logit diff max {row['max_logit_diff']:.3f} "
             f"mean {row['mean_logit_diff']:.4f}, forced argmax same "

@@ -379,6 +379,7 @@ class LLMEngine:
                 num_draft_tokens=scheduler.num_draft_tokens,
                 num_accepted_tokens=scheduler.num_accepted_tokens,
                 weights=self.weights,
+                kv_cache_dtype=self.config.runner.kv_cache_dtype,
             )
 
     @property
@@ -655,7 +656,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             text=text,
             finish_reason=request.status.value,
-            metrics=request.metrics(self.weights),
+            metrics=request.metrics(self.weights, self.config.runner.kv_cache_dtype),
         )
 
     def _fail_all(self, exc: BaseException) -> None:

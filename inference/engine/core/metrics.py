@@ -52,6 +52,8 @@ class RequestMetrics:
     kv_load_s: float = 0.0
     # The format the model's linear layers ran in (EngineConfig.weights, "auto" resolved).
     weights: str = "fp32"
+    # The KV cache's dtype (EngineConfig.kv_cache_dtype, "auto" resolved).
+    kv_cache_dtype: str = "float32"
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -166,6 +168,7 @@ class EngineStats:
         return 1 + self.num_accepted_tokens / self.num_spec_verifications
 
     weights: str = "fp32"  # the linear layers' format (EngineConfig.weights, "auto" resolved)
+    kv_cache_dtype: str = "float32"  # EngineConfig.kv_cache_dtype, "auto" resolved
 
     @property
     def prefix_cache_hit_rate(self) -> float:

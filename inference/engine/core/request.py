@@ -121,8 +121,8 @@ class Request:
             if source == tier
         )
 
-    def metrics(self, weights: str = "fp32") -> RequestMetrics:
-        """The request's metrics; `weights`: the format the engine's model ran."""
+    def metrics(self, weights: str = "fp32", kv_cache_dtype: str = "float32") -> RequestMetrics:
+        """The request's metrics; `weights` and `kv_cache_dtype`: what the engine's model ran."""
         arrival = self.arrival_time
         scheduled = self.first_scheduled_time or arrival
         first = self.first_token_time or scheduled
@@ -151,4 +151,5 @@ class Request:
             num_cached_tokens_disk=self.num_cached_tokens_from("disk"),
             kv_load_s=self.kv_load_s,
             weights=weights,
+            kv_cache_dtype=kv_cache_dtype,
         )

@@ -3,6 +3,7 @@ ratios, and the CLI end to end on the tiny random model (a few seconds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -345,3 +346,34 @@ def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None
     assert data["runs"]["cached_fp32"]["num_valid_json"] == 4
     assert data["ratios"]["cached_over_cached_fp32_requests_per_min"]["value"] > 0
     assert data["compute_floor"]["decode_step_s"] > 0
+
+
+def test_cli_kv_cache_dtypes_and_decode_alone_are_reported(capsys) -> None:
+    argv = ["--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
+            "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached",
+            "--kv-cache-dtype", "bfloat16,float32", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"]["kv_cache_dtype"] == "bfloat16,float32"
+    assert data["runs"]["cached"]["engine_stats"]["kv_cache_dtype"] == "bfloat16"
+    assert data["runs"]["cached_kv_float32"]["engine_stats"]["kv_cache_dtype"] == "float32"
+    for run in ("cached", "cached_kv_float32"):  # decode alone, 2 in flight and 1
+        assert data["runs"][run]["steady_decode_s_per_token"] > 0
+        assert data["runs"][run]["steady_decode_single_s_per_token"] > 0
+    # llama.cpp did not run: the ratios against it are skipped, not made up.
+    steady = data["ratios"]["engine_steady_per_request_decode_vs_llamacpp"]
+    assert steady["value"] is None and steady["passed"] is None
+
+
+def test_steady_decode_ratios_divide_llamacpps_decode_by_the_engines_step() -> None:
+    runs = _runs()
+    steady = dataclasses.replace(runs[0], steady_decode_s_per_token=0.04)
+    llamacpp = dataclasses.replace(runs[3], name="llamacpp")
+    summaries = {run.name: summarize(run) for run in (steady, llamacpp)}
+    by_name = {r.name: r for r in ratios(summaries, concurrency=4)}
+    per_request = summaries["llamacpp"].decode_s_per_token / 0.04
+    assert by_name["engine_steady_per_request_decode_vs_llamacpp"].value == pytest.approx(
+        per_request
+    )
+    aggregate = by_name["engine_steady_aggregate_decode_vs_llamacpp_single_stream"]
+    assert aggregate.value == pytest.approx(4 * per_request)
