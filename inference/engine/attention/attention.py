@@ -56,13 +56,19 @@ def paged_attention(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    out = torch.empty_like(q)
     batched: set[int] = set()
-    if meta.decode is not None and meta.decode.window == window:
-        batched = set(meta.decode.span_indices)
-        out[meta.decode.rows] = decode_attention(
-            q.to(k_cache.dtype), k_cache, v_cache, meta.decode, scale, _flash_masked
+    decode = meta.decode
+    if decode is not None and decode.window == window:
+        decoded = decode_attention(
+            q.to(k_cache.dtype), k_cache, v_cache, decode, scale, _flash_masked
         ).to(q.dtype)
+        if decode.rows_in_order and decoded.shape[0] == q.shape[0]:
+            return decoded  # a step of decodes only
+        batched = set(decode.span_indices)
+        out = torch.empty_like(q)
+        out[decode.rows] = decoded
+    else:
+        out = torch.empty_like(q)
     if window is not None:
         return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window, out, batched)
     n_heads, head_dim = q.shape[1], q.shape[2]

@@ -62,6 +62,8 @@ class DecodeBatch:
     windows: list[DecodeWindow]
     # The sliding window its runs were cut to (only positions (p-W, p] listed); None: full.
     window: int | None = None
+    # Its rows are 0, 1, ... B-1: a step of decodes only reads and writes them in place.
+    rows_in_order: bool = False
 
 
 def slot_runs(
@@ -115,7 +117,8 @@ def plan_decode_batch(
             windows.append(_window(group, start, stop - start, device))
     if loose:
         windows.append(_gathered_window(loose, device))
-    return DecodeBatch(span_indices, torch.tensor(rows, device=device), windows, window)
+    in_order = rows == list(range(len(rows)))
+    return DecodeBatch(span_indices, torch.tensor(rows, device=device), windows, window, in_order)
 
 
 def _window(group, start: int, length: int, device: torch.device) -> DecodeWindow:
@@ -161,7 +164,8 @@ def decode_attention(
     group = n_heads // n_kv
     num_seqs = batch.rows.shape[0]
     # (B, H, D) → (KVH, B, G, D): the queries of one KV group share its keys.
-    folded = q.index_select(0, batch.rows).view(num_seqs, n_kv, group, head_dim).transpose(0, 1)
+    own = q[:num_seqs] if batch.rows_in_order else q.index_select(0, batch.rows)
+    folded = own.reshape(num_seqs, n_kv, group, head_dim).transpose(0, 1)
     parts = []
     # One window holding every sequence (the usual step) needs no lse: nothing to merge it with.
     whole = len(batch.windows) == 1 and batch.windows[0].members.shape[0] == num_seqs
