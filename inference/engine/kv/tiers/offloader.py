@@ -171,8 +171,10 @@ class KVOffloader:
             return
         ids = [b.block_id for b in new]
         payload = group.read_blocks(ids) if ids else torch.empty(0)
+        size = self.block_size
+        blocks = [payload[:, i * size : (i + 1) * size].clone() for i in range(len(ids))]
         hashes, tokens = [b.block_hash for b in new], [b.token_ids for b in new]
-        self._writer.put(WriteJob(group, hashes, tokens, payload, markers))
+        self._writer.put(WriteJob(group, hashes, tokens, blocks, markers))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every block copied out so far is written; False on timeout."""

@@ -27,7 +27,10 @@ class WriteJob:
     group: GroupIO
     block_hashes: list[BlockHash]
     token_ids: list[tuple[int, ...]]
-    payload: torch.Tensor  # (rows, num_blocks * block_size, n_kv_heads, head_dim), on the CPU
+    # One tensor per block, (rows, block_size, n_kv_heads, head_dim), on the CPU, each its own
+    # copy: cut by the loop thread, so that this thread runs no multi-threaded torch op (see
+    # LLMEngine._run_engine_thread).
+    payloads: list[torch.Tensor]
     markers: list[tuple[BlockHash, str]] = field(default_factory=list)  # after the blocks
 
 
@@ -81,11 +84,9 @@ class TierWriter:
 
     def _write(self, job: WriteJob) -> None:
         layout = job.group.layout
-        size = layout.block_size
-        for index, (block_hash, token_ids) in enumerate(
-            zip(job.block_hashes, job.token_ids, strict=True)
+        for block_hash, token_ids, payload in zip(
+            job.block_hashes, job.token_ids, job.payloads, strict=True
         ):
-            payload = job.payload[:, index * size : (index + 1) * size].clone()
             if self.host is not None:
                 self.host.put((layout.group, block_hash), token_ids, payload)
             if self.disk is not None:
