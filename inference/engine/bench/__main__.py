@@ -262,9 +262,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         per_token = summaries["cached"].decode_s_per_token
         floor_lines.append(
             f"decode step floor at {args.concurrency} in flight ({args.weights} weights read "
-            f"once, keys once): {floor.decode_step_s * 1e3:.1f} ms; engine decode per token "
-            f"{per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× the floor"
+            f"once, {args.kv_cache_dtype} keys once): {floor.decode_step_s * 1e3:.1f} ms; engine "
+            f"decode per token {per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× "
+            "the floor"
         )
+        alone = summaries["cached"].steady_decode_s_per_token
+        if alone:
+            floor_lines.append(
+                f"engine decode alone at {args.concurrency} in flight {alone * 1e3:.1f} ms = "
+                f"{alone / floor.decode_step_s:.2f}× the floor"
+            )
     if floor is not None:
         meta["compute_floor"] = {
             "total_s": floor.total_s,
@@ -349,6 +356,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                     workload.num_shared_prefix_tokens,
                     run,
                     args.concurrency,
+                    engine.runner.kv_caches[0][0].dtype,
                 )
 
         workload = _measure(args, spec, engine_options, runs, workload, then=floor_of)

@@ -11,7 +11,7 @@ shape its kernel likes best, everything else counted as free:
 - decode: every output token the model must sample (jump-forward's appended tokens excluded)
   is its share of a step with `concurrency` sequences that reads every weight once (a
   `concurrency`-row matmul per matrix, the output head included) and each sequence's keys
-  once (the shared head once for all).
+  once (the shared head once for all), in the KV cache's dtype.
 
 Norms, rotary embeddings, activations, sampling, the grammar, Python and scheduling cost
 nothing here, so no engine reaches this; it bounds the ratio to the baseline any engine
@@ -114,6 +114,7 @@ def measure_floor(
     shared_prefix_tokens: int,
     cached_run: RunResult,
     concurrency: int,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> Floor | None:
     """The floor for `cached_run`'s requests; None for a model with sliding-window layers
     (their attention is bounded by the window, which this estimate does not model)."""
@@ -140,8 +141,8 @@ def measure_floor(
     step_linears = [*linears, model.lm_head]
     rows = {m.in_features: torch.randn(concurrency, m.in_features) for m in step_linears}
     weights_s = _best_of(lambda: [m(rows[m.in_features]) for m in step_linears])
-    q1 = torch.randn(1, n_kv, group * concurrency, head_dim)
-    kv = torch.randn(1, n_kv, counts.keys_per_step, head_dim)
+    q1 = torch.randn(1, n_kv, group * concurrency, head_dim, dtype=kv_dtype)
+    kv = torch.randn(1, n_kv, counts.keys_per_step, head_dim, dtype=kv_dtype)
     keys_s = _best_of(lambda: flash(q1, kv, kv, 0.0, False, scale=0.125)) * num_layers
     return Floor(
         prefill_linear_s=counts.num_new_tokens * per_token,
