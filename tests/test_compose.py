@@ -304,7 +304,7 @@ def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
         "kv_host_cache_bytes": 0,
         "kv_tiers_where_supported": False,
         "weights": "auto",  # fp32 on CUDA (the quantized layers are CPU kernels)
-        "kv_cache_dtype": "auto",  # the model's dtype: bfloat16 on CUDA
+        "kv_cache_dtype": "bfloat16",  # the model's dtype on CUDA
         "prefill_chunk_while_decoding": 256,
     }
     volumes = compose["services"]["worker-spark-b"]["volumes"]

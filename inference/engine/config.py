@@ -182,7 +182,8 @@ class RunnerConfig:
     # The KV cache. "auto": `dtype`. "bfloat16" on the CPU halves the bytes every decode step
     # reads (its attention runs in bfloat16 with float32 accumulation; the rest of the model stays
     # float32): the fast path's, not the exact reference's (docs/PERFORMANCE.md, "A bfloat16 KV
-    # cache"). On CUDA it must be `dtype` (the kernels read the model's dtype).
+    # cache"). On CUDA it must be `dtype` (the kernels read the model's dtype). DeepSeek-V4 keeps
+    # its own state in `dtype` whatever this says (a log line says so).
     kv_cache_dtype: str = "auto"
     # "auto": the triton kernels on CUDA, the torch path on CPU. "triton" on CPU runs the kernels
     # under triton's interpreter (TRITON_INTERPRET=1 before triton is imported): for tests.

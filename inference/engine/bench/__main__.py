@@ -356,7 +356,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                     workload.num_shared_prefix_tokens,
                     run,
                     args.concurrency,
-                    engine.runner.kv_caches[0][0].dtype,
+                    getattr(torch, engine.kv_cache_dtype),
                 )
 
         workload = _measure(args, spec, engine_options, runs, workload, then=floor_of)

@@ -173,8 +173,8 @@ class LLMEngine:
         self.max_model_len = min(
             scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
         )
-        # DeepSeek-V4's own state is in the model's dtype (the runner refuses another).
-        dtype = getattr(torch, running.kv_cache_dtype)
+        own_state = hasattr(loaded.model, "allocate_state")  # DeepSeek-V4: in the model's dtype
+        dtype = getattr(torch, running.dtype if own_state else running.kv_cache_dtype)
         # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
         group_bytes = {
             group: size * dtype.itemsize // 4
@@ -185,7 +185,7 @@ class LLMEngine:
         window = getattr(loaded.config, "sliding_window", None) or 0
         min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
         self.num_blocks, self.num_window_blocks = kv_block_counts(
-            cache, group_bytes, own_state=hasattr(loaded.model, "allocate_state")
+            cache, group_bytes, own_state=own_state
         )
         if self.num_window_blocks != self.num_blocks and self.num_window_blocks < min_window:
             raise ValueError(
@@ -246,6 +246,7 @@ class LLMEngine:
             draft_with_mtp=config.speculative.speculative_method == "mtp",
         )
         runner = setup.build(loaded, self.device, self.structured)
+        self.kv_cache_dtype = str(runner.kv_cache_dtype)[6:]  # what every request's metrics report
         if self.executor is not None:
             self.executor.attach(runner, setup)
         self.runner: ModelRunner | TensorParallelExecutor = self.executor or runner
@@ -379,7 +380,7 @@ class LLMEngine:
                 num_draft_tokens=scheduler.num_draft_tokens,
                 num_accepted_tokens=scheduler.num_accepted_tokens,
                 weights=self.weights,
-                kv_cache_dtype=self.config.runner.kv_cache_dtype,
+                kv_cache_dtype=self.kv_cache_dtype,
             )
 
     @property
@@ -656,7 +657,7 @@ class LLMEngine:
             token_ids=list(request.output_token_ids),
             text=text,
             finish_reason=request.status.value,
-            metrics=request.metrics(self.weights, self.config.runner.kv_cache_dtype),
+            metrics=request.metrics(self.weights, self.kv_cache_dtype),
         )
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -164,10 +164,15 @@ class ModelRunner:
         self.state = None
         kv_cache_dtype = kv_cache_dtype or dtype
         if own_state and kv_cache_dtype != dtype:
-            raise ValueError(
-                f"kv_cache_dtype {str(kv_cache_dtype)[6:]!r}: {type(self.model).__name__} keeps "
-                "its own attention state in the model's dtype; use kv_cache_dtype='auto'"
+            logger.warning(
+                "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
+                "does not apply to it",
+                type(self.model).__name__,
+                str(dtype)[6:],
+                str(kv_cache_dtype)[6:],
             )
+            kv_cache_dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype  # what the cache holds: the metrics report it
         if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4/state.py)
             self.state = self.model.allocate_state(
                 num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
