@@ -38,3 +38,55 @@ def _per_token(outputs) -> float:
     decode = sum(o.metrics.decode_s for o in outputs)
     steps = sum(max(0, o.metrics.num_output_tokens - 1) for o in outputs)
     return decode / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m inference.engine.bench.steady_decode`: decode alone on a fresh engine, the
+    town workload's first prompts cached first (one token each), then asked for --tokens."""
+    import argparse
+    import os
+    import tempfile
+
+    from inference.engine import EngineConfig
+    from inference.engine.bench.workload import build_workload, chat_tokenizer_for
+
+    parser = argparse.ArgumentParser(prog="python -m inference.engine.bench.steady_decode")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--weights", default="fp32")
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens each request decodes")
+    parser.add_argument("--ticks", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--disk-tier", action="store_true", help="a disk KV tier (a temp dir)")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.tokens < 2:
+        parser.error("--concurrency must be ≥ 1 and --tokens ≥ 2")
+    with tempfile.TemporaryDirectory() as directory:
+        engine = LLMEngine(
+            EngineConfig(
+                model=args.model,
+                weights=args.weights,
+                kv_cache_dtype=args.kv_cache_dtype,
+                kv_disk_cache_dir=directory if args.disk_tier else None,
+            )
+        )
+        try:
+            workload = build_workload(
+                chat_tokenizer_for(engine.tokenizer), num_requests=8, ticks=args.ticks
+            )
+            prompts = workload.requests[: args.concurrency]
+            engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+            steady = measure_steady_decode(engine, workload, args.concurrency, args.tokens + 1)
+        finally:
+            engine.shutdown()
+    print(
+        f"{args.model}, {engine.weights} weights, {engine.kv_cache_dtype} KV cache"
+        f"{', disk tier' if args.disk_tier else ''}, load {os.getloadavg()[0]:.2f}: decode "
+        f"alone {steady.s_per_token * 1e3:.1f} ms a token at {args.concurrency} in flight, "
+        f"{steady.single_s_per_token * 1e3:.1f} ms at 1"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -377,3 +377,13 @@ def test_steady_decode_ratios_divide_llamacpps_decode_by_the_engines_step() -> N
     )
     aggregate = by_name["engine_steady_aggregate_decode_vs_llamacpp_single_stream"]
     assert aggregate.value == pytest.approx(4 * per_request)
+
+
+def test_steady_decode_cli_prints_both_rates(capsys) -> None:
+    from inference.engine.bench.steady_decode import main as steady_main
+
+    argv = ["--model", "smollm2-tiny-random", "--tokens", "3", "--concurrency", "2",
+            "--kv-cache-dtype", "bfloat16"]  # fmt: skip
+    assert steady_main(argv) == 0
+    line = capsys.readouterr().out
+    assert "bfloat16 KV cache" in line and "at 2 in flight" in line and "ms at 1" in line
