@@ -189,15 +189,15 @@ def decode_attention(
             read.additive,
             scale,
         )
-        if read.splits > 1:
-            o, lse = _merge_slices(o, lse, read.no_keys, want_lse=not whole)
-        o = o.view(n_kv, members, group, head_dim)
-        parts.append((window, o, lse))
-    if whole:
-        merged = parts[0][1]
-    else:
-        parts = [(w, o, lse.view(n_kv, o.shape[1], group)) for w, o, lse in parts]
-        merged = _merge_windows(parts, n_kv, num_seqs, group, head_dim, q)
+        if whole:
+            merged = _merge_slices(o, lse, read.no_keys) if read.splits > 1 else o
+            merged = merged.view(n_kv, num_seqs, group, head_dim)
+        else:
+            if read.splits > 1:  # the kernel gives a slice without keys an lse of 0
+                lse = lse.masked_fill(read.no_keys, float("-inf"))
+            parts.append((window, o, lse))
+    if not whole:  # every window's slices at once: one softmax over their lse
+        merged = _merge_parts(parts, n_kv, num_seqs, group, head_dim, q)
     return merged.transpose(0, 1).reshape(num_seqs, n_heads, head_dim)
 
 
@@ -225,23 +225,32 @@ def _slices(cache_rows: torch.Tensor, splits: int) -> torch.Tensor:
     return cache_rows.view(splits, length // splits, n_kv, head_dim).transpose(1, 2)
 
 
-def _merge_slices(o: torch.Tensor, lse: torch.Tensor, no_keys: torch.Tensor, want_lse: bool):
-    """(S, KVH, R*G, D), (S, KVH, R*G) → the whole window's (1, ...) and, with `want_lse`, its
-    (1, ...) lse (else None). The kernel gives a query with no key in a slice an lse of 0, not
-    -inf: masked here."""
+def _merge_slices(o: torch.Tensor, lse: torch.Tensor, no_keys: torch.Tensor) -> torch.Tensor:
+    """(S, KVH, R*G, D), (S, KVH, R*G) → the whole window's (KVH, R*G, D), merged in float32.
+    The kernel gives a query with no key in a slice an lse of 0, not -inf: masked here."""
     lse = lse.masked_fill(no_keys, float("-inf"))
-    weights = torch.softmax(lse.float(), dim=0).unsqueeze(-1)  # merged in float32
-    merged = (o.float() * weights).sum(0, keepdim=True)
-    return merged, torch.logsumexp(lse, dim=0, keepdim=True) if want_lse else None
+    weights = torch.softmax(lse.float(), dim=0).unsqueeze(-1)
+    return (o.float() * weights).sum(0)
 
 
-def _merge_windows(parts, n_kv: int, num_seqs: int, group: int, head_dim: int, like):
-    """Combine the windows' partial results by log-sum-exp; a sequence absent from a window
-    gets weight 0 there."""
-    outs = like.new_zeros(len(parts), n_kv, num_seqs, group, head_dim, dtype=torch.float32)
-    lses = like.new_full((len(parts), n_kv, num_seqs, group), float("-inf"), dtype=torch.float32)
-    for w, (window, o, lse) in enumerate(parts):
-        outs[w].index_copy_(1, window.members, o.float())
-        lses[w].index_copy_(1, window.members, lse.float())
+def _merge_parts(parts, n_kv: int, num_seqs: int, group: int, head_dim: int, like):
+    """Combine every window's slices, (S, KVH, M*G, D) outputs and (S, KVH, M*G) lse each, by
+    log-sum-exp: (KVH, B, G, D). A sequence absent from a window gets weight 0 there."""
+    total = sum(o.shape[0] for _, o, _ in parts)
+    shape = (total, n_kv, num_seqs, group)
+    outs = like.new_zeros((*shape, head_dim), dtype=torch.float32)
+    lses = like.new_full(shape, float("-inf"), dtype=torch.float32)
+    at = 0
+    for window, o, lse in parts:
+        splits, members = o.shape[0], window.members.shape[0]
+        o = o.view(splits, n_kv, members, group, head_dim)
+        lse = lse.view(splits, n_kv, members, group)
+        if members == num_seqs:
+            outs[at : at + splits] = o
+            lses[at : at + splits] = lse
+        else:
+            outs[at : at + splits].index_copy_(2, window.members, o.float())
+            lses[at : at + splits].index_copy_(2, window.members, lse.float())
+        at += splits
     weights = torch.softmax(lses, dim=0).unsqueeze(-1)
     return (outs * weights).sum(0)  # (KVH, B, G, D)
