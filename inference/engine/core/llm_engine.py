@@ -1,4 +1,6 @@
-"""LLMEngine: the public front. `generate` is thread-safe; one loop thread runs the steps.
+"""LLMEngine: the public front. `generate` is thread-safe; one engine thread loads the model
+and runs the steps (every multi-threaded torch op of the engine runs there: see
+`_run_engine_thread`).
 
 A step is three lines — schedule, execute, `scheduler.update_from_output` — as in nano-vllm and
 vLLM's core. Requests from every caller thread meet in the same scheduler, so concurrent
