@@ -56,6 +56,7 @@ def paged_attention(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
+    out = None
     batched: set[int] = set()
     decode = meta.decode
     if decode is not None and decode.window == window:
@@ -67,8 +68,7 @@ def paged_attention(
         batched = set(decode.span_indices)
         out = torch.empty_like(q)
         out[decode.rows] = decoded
-    else:
-        out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if window is not None:
         return windowed_attention(q, k, v, k_cache, v_cache, meta, scale, window, out, batched)
     n_heads, head_dim = q.shape[1], q.shape[2]

@@ -360,20 +360,16 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                 )
 
         workload = _measure(args, spec, engine_options, runs, workload, then=floor_of)
-    for weights in args.more_weights:
-        spec = dataclasses.replace(
-            ENGINE_RUNS["cached"],
-            name=f"cached_{weights}",
-            description=f"{ENGINE_RUNS['cached'].description}, {weights} weights",
-        )
-        workload = _measure(args, spec, dict(weights=weights), runs, workload)
-    for kv_dtype in args.more_kv_cache_dtypes:
-        spec = dataclasses.replace(
-            ENGINE_RUNS["cached"],
-            name=f"cached_kv_{kv_dtype}",
-            description=f"{ENGINE_RUNS['cached'].description}, a {kv_dtype} KV cache",
-        )
-        workload = _measure(args, spec, dict(kv_cache_dtype=kv_dtype), runs, workload)
+    # The main run again with other weights (--weights a,b) or KV cache dtypes.
+    variants = [(f"cached_{w}", f"{w} weights", dict(weights=w)) for w in args.more_weights]
+    variants += [
+        (f"cached_kv_{d}", f"a {d} KV cache", dict(kv_cache_dtype=d))
+        for d in args.more_kv_cache_dtypes
+    ]
+    for name, what, overrides in variants:
+        cached = ENGINE_RUNS["cached"]
+        spec = dataclasses.replace(cached, name=name, description=f"{cached.description}, {what}")
+        workload = _measure(args, spec, overrides, runs, workload)
     _note_speculative_exactness(runs)
     tokenizer = load_tokenizer(args.model)
     if workload is None:  # only the baselines: the workload is still measured in engine tokens

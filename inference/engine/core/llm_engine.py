@@ -150,7 +150,7 @@ class LLMEngine:
         ever ran a parallel region; once its threads outnumber the CPUs it stops spinning
         between regions and every op waits for its workers to wake. A model loaded on the
         caller's thread and stepped on this one left two teams on a 2-core CPU and made a
-        decode step up to 1.7x slower (docs/PERFORMANCE.md, "One thread for torch")."""
+        decode step 1.3x slower (docs/PERFORMANCE.md, "Decode at 4 in flight")."""
         try:
             if self.config.runner.num_threads:
                 torch.set_num_threads(self.config.runner.num_threads)
@@ -175,8 +175,18 @@ class LLMEngine:
         self.max_model_len = min(
             scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
         )
-        own_state = hasattr(loaded.model, "allocate_state")  # DeepSeek-V4: in the model's dtype
-        dtype = getattr(torch, running.dtype if own_state else running.kv_cache_dtype)
+        own_state = hasattr(loaded.model, "allocate_state")
+        self.kv_cache_dtype = running.kv_cache_dtype  # what every request's metrics report
+        if own_state and self.kv_cache_dtype != running.dtype:
+            logger.warning(
+                "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
+                "does not apply to it",
+                type(loaded.model).__name__,
+                running.dtype,
+                self.kv_cache_dtype,
+            )
+            self.kv_cache_dtype = running.dtype
+        dtype = getattr(torch, self.kv_cache_dtype)
         # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
         group_bytes = {
             group: size * dtype.itemsize // 4
@@ -240,7 +250,7 @@ class LLMEngine:
             block_size=cache.block_size,
             num_window_blocks=self.num_window_blocks,
             dtype=running.dtype,
-            kv_cache_dtype=running.kv_cache_dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             use_kernels=running.attention_backend == "triton",
             cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
             max_num_seqs=scheduling.max_num_seqs,
@@ -248,7 +258,6 @@ class LLMEngine:
             draft_with_mtp=config.speculative.speculative_method == "mtp",
         )
         runner = setup.build(loaded, self.device, self.structured)
-        self.kv_cache_dtype = str(runner.kv_cache_dtype)[6:]  # what every request's metrics report
         if self.executor is not None:
             self.executor.attach(runner, setup)
         self.runner: ModelRunner | TensorParallelExecutor = self.executor or runner

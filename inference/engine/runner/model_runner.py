@@ -113,7 +113,7 @@ class ModelRunner:
         structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
         *,
         dtype: torch.dtype = torch.float32,
-        kv_cache_dtype: torch.dtype | None = None,  # None: `dtype`
+        kv_cache_dtype: torch.dtype | None = None,  # None: `dtype`; own-state models: unused
         use_kernels: bool = False,
         cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
         max_num_seqs: int = 1,
@@ -162,17 +162,6 @@ class ModelRunner:
         self._copy_slots = copy_slots
         # Both groups have num_blocks blocks (see llm_engine).
         self.state = None
-        kv_cache_dtype = kv_cache_dtype or dtype
-        if own_state and kv_cache_dtype != dtype:
-            logger.warning(
-                "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
-                "does not apply to it",
-                type(self.model).__name__,
-                str(dtype)[6:],
-                str(kv_cache_dtype)[6:],
-            )
-            kv_cache_dtype = dtype
-        self.kv_cache_dtype = kv_cache_dtype  # what the cache holds: the metrics report it
         if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4/state.py)
             self.state = self.model.allocate_state(
                 num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
@@ -184,7 +173,7 @@ class ModelRunner:
                 num_blocks * block_size,
                 cfg.num_kv_heads,
                 cfg.head_dim,
-                kv_cache_dtype,
+                kv_cache_dtype or dtype,
                 device,
             )
         if draft_with_mtp and not getattr(self.model, "has_mtp", False):
