@@ -150,7 +150,7 @@ class LLMEngine:
         ever ran a parallel region; once its threads outnumber the CPUs it stops spinning
         between regions and every op waits for its workers to wake. A model loaded on the
         caller's thread and stepped on this one left two teams on a 2-core CPU and made a
-        decode step 1.3x slower (docs/PERFORMANCE.md, "Decode at 4 in flight")."""
+        decode step ~1.4x slower (docs/PERFORMANCE.md, "Decode at 4 in flight")."""
         try:
             if self.config.runner.num_threads:
                 torch.set_num_threads(self.config.runner.num_threads)
