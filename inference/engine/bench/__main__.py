@@ -262,10 +262,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         per_token = summaries["cached"].decode_s_per_token
         floor_lines.append(
             f"decode step floor at {args.concurrency} in flight ({args.weights} weights read "
-            f"once, {args.kv_cache_dtype} keys once): {floor.decode_step_s * 1e3:.1f} ms; engine "
+            f"once {floor.decode_weights_s * 1e3:.1f} ms, {args.kv_cache_dtype} keys once "
+            f"{floor.decode_keys_s * 1e3:.1f} ms): {floor.decode_step_s * 1e3:.1f} ms; engine "
             f"decode per token {per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× "
             "the floor"
         )
+        llamacpp = summaries.get(baseline_llamacpp.NAME)
+        if llamacpp is not None and llamacpp.decode_s_per_token:
+            floor_lines.append(_decode_target_line(floor, llamacpp.decode_s_per_token))
         alone = summaries["cached"].steady_decode_s_per_token
         if alone:
             floor_lines.append(
@@ -281,6 +285,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             "decode_s": floor.decode_s,
             "uncached_prefill_s": floor.uncached_prefill_s,
             "decode_step_s": floor.decode_step_s,
+            "decode_weights_s": floor.decode_weights_s,
+            "decode_keys_s": floor.decode_keys_s,
             "prefill_cached_over_uncached": floor.prefill_s / floor.uncached_prefill_s,
         }
     if args.json_out:
@@ -294,6 +300,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         if "cached" in summaries:
             print("\n".join(floor_lines))
     return 0
+
+
+def _decode_target_line(floor: Floor, llamacpp_s_per_token: float) -> str:
+    """What the per-request decode target (≥ 0.5× llama.cpp's single stream, a token per step
+    for each sequence) allows a step, against the floor of torch's own kernels."""
+    allowed = 2 * llamacpp_s_per_token
+    left = allowed - floor.decode_step_s
+    head = (
+        f"decode target (each request ≥ 0.5× llama.cpp's {llamacpp_s_per_token * 1e3:.1f} ms a "
+        f"token) allows a step of {allowed * 1e3:.1f} ms: "
+    )
+    if left >= 0:
+        return head + f"the floor leaves {left * 1e3:.1f} ms ({left / allowed:.0%}) for the rest"
+    return head + (
+        f"the floor is {-left * 1e3:.1f} ms ({-left / allowed:.0%}) over it, so no engine on "
+        "these kernels meets it on this machine"
+    )
 
 
 def _sweep_main(args: argparse.Namespace, started: str, load_at_start: float) -> int:

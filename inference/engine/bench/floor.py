@@ -11,7 +11,8 @@ shape its kernel likes best, everything else counted as free:
 - decode: every output token the model must sample (jump-forward's appended tokens excluded)
   is its share of a step with `concurrency` sequences that reads every weight once (a
   `concurrency`-row matmul per matrix, the output head included) and each sequence's keys
-  once (the shared head once for all), in the KV cache's dtype.
+  once (the shared head once for all), in the KV cache's dtype, the keys read whole or in
+  the equal slices the engine's decode windows use, whichever is faster.
 
 Norms, rotary embeddings, activations, sampling, the grammar, Python and scheduling cost
 nothing here, so no engine reaches this; it bounds the ratio to the baseline any engine
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.attention.decode_windows import SPLITS
 from inference.engine.bench.results import RunResult
 from inference.engine.runner.model_runner import kv_groups_of
 
@@ -40,7 +42,12 @@ class Floor:
     # The same prefill with no prefix cache: every prompt whole, its attention causal.
     uncached_prefill_s: float = 0.0
     # One decode step with `concurrency` sequences: every weight read once, and the keys.
-    decode_step_s: float = 0.0
+    decode_weights_s: float = 0.0
+    decode_keys_s: float = 0.0
+
+    @property
+    def decode_step_s(self) -> float:
+        return self.decode_weights_s + self.decode_keys_s
 
     @property
     def prefill_s(self) -> float:
@@ -141,17 +148,28 @@ def measure_floor(
     step_linears = [*linears, model.lm_head]
     rows = {m.in_features: torch.randn(concurrency, m.in_features) for m in step_linears}
     weights_s = _best_of(lambda: [m(rows[m.in_features]) for m in step_linears])
-    q1 = torch.randn(1, n_kv, group * concurrency, head_dim, dtype=kv_dtype)
-    kv = torch.randn(1, n_kv, counts.keys_per_step, head_dim, dtype=kv_dtype)
-    keys_s = _best_of(lambda: flash(q1, kv, kv, 0.0, False, scale=0.125)) * num_layers
+    keys_s = num_layers * min(
+        _keys_read_s(flash, n_kv, group * concurrency, counts.keys_per_step, head_dim, kv_dtype, s)
+        for s in (1, SPLITS)
+    )
     return Floor(
         prefill_linear_s=counts.num_new_tokens * per_token,
         prefill_attention_s=counts.num_pairs * per_pair,
         decode_s=counts.num_decode_steps * (weights_s + keys_s),
         num_requests=len(cached_run.records),
         uncached_prefill_s=counts.uncached_tokens * per_token + counts.uncached_pairs * per_pair,
-        decode_step_s=weights_s + keys_s,
+        decode_weights_s=weights_s,
+        decode_keys_s=keys_s,
     )
+
+
+def _keys_read_s(flash, n_kv: int, rows: int, keys: int, head_dim: int, dtype, splits: int):
+    """One layer's attention of `rows` queries per KV head over `keys` keys, read as `splits`
+    equal slices (the batch entries of one call, as decode_windows reads a long window)."""
+    length = -(-keys // splits)
+    q = torch.randn(1, n_kv, rows, head_dim, dtype=dtype).expand(splits, -1, -1, -1)
+    kv = torch.randn(splits, n_kv, length, head_dim, dtype=dtype)
+    return _best_of(lambda: flash(q, kv, kv, 0.0, False, scale=0.125))
 
 
 def format_floor(floor: Floor | None, runs: dict[str, float]) -> list[str]:

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from inference.engine.bench.__main__ import main
+from inference.engine.bench.__main__ import _decode_target_line, main
 from inference.engine.bench.baseline_transformers import run_transformers
-from inference.engine.bench.floor import workload_counts
+from inference.engine.bench.floor import Floor, workload_counts
 from inference.engine.bench.report import format_table, ratios, summarize, to_json
 from inference.engine.bench.results import RequestRecord, RunResult
 from inference.engine.bench.workload import (
@@ -345,7 +345,19 @@ def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None
     assert data["runs"]["cached"]["num_valid_json"] == 4
     assert data["runs"]["cached_fp32"]["num_valid_json"] == 4
     assert data["ratios"]["cached_over_cached_fp32_requests_per_min"]["value"] > 0
-    assert data["compute_floor"]["decode_step_s"] > 0
+    floor = data["compute_floor"]
+    assert floor["decode_weights_s"] > 0 and floor["decode_keys_s"] > 0
+    parts = floor["decode_weights_s"] + floor["decode_keys_s"]
+    assert floor["decode_step_s"] == pytest.approx(parts)
+
+
+def test_decode_target_line_says_what_the_floor_leaves_a_step() -> None:
+    floor = Floor(1.0, 1.0, 1.0, 8, decode_weights_s=0.0153, decode_keys_s=0.0116)
+    line = _decode_target_line(floor, 0.0140)
+    assert "llama.cpp's 14.0 ms a token" in line
+    assert "allows a step of 28.0 ms: the floor leaves 1.1 ms (4%) for the rest" in line
+    short = _decode_target_line(floor, 0.0120)  # a floor above what the target allows
+    assert "allows a step of 24.0 ms: the floor is 2.9 ms (12%) over it" in short
 
 
 def test_cli_kv_cache_dtypes_and_decode_alone_are_reported(capsys) -> None:
