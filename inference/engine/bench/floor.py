@@ -31,6 +31,7 @@ from inference.engine.bench.results import RunResult
 from inference.engine.runner.model_runner import kv_groups_of
 
 CHUNK = 1024
+DECODE_TRIES = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,8 @@ def measure_floor(
     # Decode: every weight (the output head too) read once a step; the step's keys once.
     step_linears = [*linears, model.lm_head]
     rows = {m.in_features: torch.randn(concurrency, m.in_features) for m in step_linears}
-    weights_s = _best_of(lambda: [m(rows[m.in_features]) for m in step_linears])
+    # A decode step's pieces take milliseconds: more tries for a steadier best.
+    weights_s = _best_of(lambda: [m(rows[m.in_features]) for m in step_linears], DECODE_TRIES)
     keys_s = num_layers * min(
         _keys_read_s(flash, n_kv, group * concurrency, counts.keys_per_step, head_dim, kv_dtype, s)
         for s in (1, SPLITS)
@@ -169,7 +171,7 @@ def _keys_read_s(flash, n_kv: int, rows: int, keys: int, head_dim: int, dtype, s
     length = -(-keys // splits)
     q = torch.randn(1, n_kv, rows, head_dim, dtype=dtype).expand(splits, -1, -1, -1)
     kv = torch.randn(splits, n_kv, length, head_dim, dtype=dtype)
-    return _best_of(lambda: flash(q, kv, kv, 0.0, False, scale=0.125))
+    return _best_of(lambda: flash(q, kv, kv, 0.0, False, scale=0.125), DECODE_TRIES)
 
 
 def format_floor(floor: Floor | None, runs: dict[str, float]) -> list[str]:
