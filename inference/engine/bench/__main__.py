@@ -434,8 +434,10 @@ def _measure(
     workload: Workload | None,
     then: Callable[[LLMEngine, RunResult, Workload], None] | None = None,
 ) -> Workload:
-    """One engine run on a fresh engine, appended to `runs`; `then` runs on the engine before
-    it shuts down. Returns the workload (built by the first engine)."""
+    """One engine run on a fresh engine, appended to `runs`; `then` runs on the engine once
+    it has shut down (its model still loaded, its thread ended: a thread that timed torch
+    work beside the engine's would share the 2 CPUs with a second OpenMP team, and time each
+    small op ~1.4× slower). Returns the workload (built by the first engine)."""
     progress(f"{spec.name}: loading a fresh engine")
     engine = _engine(args, spec.enable_prefix_caching, **engine_options)
     try:
@@ -458,10 +460,10 @@ def _measure(
                 steady_decode_single_s_per_token=steady.single_s_per_token,
             )
         runs.append(run)
-        if then is not None:
-            then(engine, run, workload)
     finally:
         engine.shutdown()
+    if then is not None:
+        then(engine, run, workload)
     progress(f"{spec.name}: done in {runs[-1].wall_s:.1f} s")
     return workload
 

@@ -1,7 +1,8 @@
 """The workload's compute floor on this machine: what any exact float32 engine must spend.
 
-Measured in the same process as the runs, on the loaded model's own weights, each piece at the
-shape its kernel likes best, everything else counted as free:
+Measured in the same process as the runs, on the loaded model's own weights once its engine has
+shut down (no second OpenMP team beside the one timing it), each piece at the shape its kernel
+likes best, everything else counted as free:
 
 - prefill: every prompt token no earlier request computed goes once through every weight
   matrix (timed as one 1,024-row matmul per matrix) and attends to the tokens before it
