@@ -376,6 +376,7 @@ def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor
                     measure_floor,
                     engine.runner.model,
                     workload.prompt_token_counts,
+                    workload.prompt_reused_tokens,
                     workload.num_shared_prefix_tokens,
                     run,
                     args.concurrency,

@@ -4,7 +4,8 @@ Measured in the same process as the runs, on the loaded model's own weights once
 shut down (no second OpenMP team beside the one timing it), each piece at the shape its kernel
 likes best, everything else counted as free:
 
-- prefill: every prompt token no earlier request computed goes once through every weight
+- prefill: every prompt token that no earlier prompt starts with (token-exact reuse: the
+  shared head once, on two ticks each resident's own head once) goes once through every weight
   matrix (timed as one 1,024-row matmul per matrix) and attends to the tokens before it
   (timed as the CPU flash kernel over 1,024 × 1,024 query-key pairs per layer, KV groups
   folded; a causal pair costs what a dense one does, as if the kernel skipped masked blocks
@@ -67,7 +68,7 @@ class Floor:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadCounts:
-    num_new_tokens: int  # prompt tokens no earlier request computed (the head once)
+    num_new_tokens: int  # prompt tokens no earlier prompt started with (the head once)
     num_pairs: float  # query-key pairs their attention needs
     num_decode_steps: int  # batched steps for the tokens the model samples after the first
     keys_per_step: int  # keys one decode step reads (the shared head once)
@@ -77,19 +78,22 @@ class WorkloadCounts:
 
 def workload_counts(
     prompt_token_counts: list[int],
+    reused_tokens: list[int],
     shared_prefix_tokens: int,
     num_sampled_tokens: int,
     concurrency: int,
 ) -> WorkloadCounts:
-    """What the workload asks of any engine, in tokens, pairs and steps."""
+    """What the workload asks of any engine, in tokens, pairs and steps. `reused_tokens`: of
+    each prompt, the prefix an earlier prompt starts with (computed once, reused after)."""
     shared = shared_prefix_tokens
-    tails = [n - shared for n in prompt_token_counts]
     mean_context = sum(prompt_token_counts) / len(prompt_token_counts)
     # The first token of each request comes out of its prefill.
     after_first = max(0, num_sampled_tokens - len(prompt_token_counts))
+    pairs = zip(prompt_token_counts, reused_tokens, strict=True)
     return WorkloadCounts(
-        num_new_tokens=shared + sum(tails),
-        num_pairs=shared * shared / 2 + sum(t * shared + t * t / 2 for t in tails),
+        num_new_tokens=sum(n - r for n, r in zip(prompt_token_counts, reused_tokens, strict=True)),
+        # Each new token over the reused prefix, and over the new ones before it (causal).
+        num_pairs=sum((n - r) * r + (n - r) ** 2 / 2 for n, r in pairs),
         num_decode_steps=-(-after_first // concurrency),
         keys_per_step=int(shared + concurrency * (mean_context - shared)),
         uncached_tokens=sum(prompt_token_counts),
@@ -121,6 +125,7 @@ def _layer_linears(model) -> list[torch.nn.Module]:
 def measure_floor(
     model,
     prompt_token_counts: list[int],
+    reused_tokens: list[int],
     shared_prefix_tokens: int,
     cached_run: RunResult,
     concurrency: int,
@@ -136,7 +141,9 @@ def measure_floor(
     group = cfg.num_heads // n_kv
     sampled = sum(r.num_output_tokens for r in cached_run.records)
     sampled -= (cached_run.engine_stats or {}).get("num_forced_tokens", 0)
-    counts = workload_counts(prompt_token_counts, shared_prefix_tokens, sampled, concurrency)
+    counts = workload_counts(
+        prompt_token_counts, reused_tokens, shared_prefix_tokens, sampled, concurrency
+    )
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
     # Prefill: one CHUNK-row matmul per weight matrix; CHUNK × CHUNK pairs per layer.

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 ACTIONS = ["go_to", "stay", "work", "eat", "buy", "talk_to", "rest"]
 # The 135M model, left alone, gives one-word reasons; a minimum keeps outputs near the ~50
 # tokens a town decision averages (the original's was ~51). Letters and basic punctuation
@@ -124,6 +126,9 @@ class Workload:
     num_head_tokens: int  # the rendered system message, in tokens
     num_shared_prefix_tokens: int  # longest prefix every rendered prompt shares
     prompt_token_counts: list[int]
+    # Of each prompt, the tokens an earlier prompt starts with: the most a prefix cache reuses
+    # (the shared head; on tick 2 also the resident's own head from tick 1).
+    prompt_reused_tokens: list[int]
     seed: int
 
 
@@ -169,17 +174,29 @@ def build_workload(
         requests = [
             [system, _user(head, tails[tick])] for tick in range(2) for head, tails in residents
         ]
-    counts = [len(tokenizer.apply_chat_template(messages)) for messages in requests]
+    token_lists = [tokenizer.apply_chat_template(messages) for messages in requests]
     return Workload(
         requests=requests,
         schema=decision_schema([place["name"] for place in places]),
         num_head_tokens=num_head,
-        num_shared_prefix_tokens=_shared_prefix_length(
-            [tokenizer.apply_chat_template(m) for m in requests]
-        ),
-        prompt_token_counts=counts,
+        num_shared_prefix_tokens=_shared_prefix_length(token_lists),
+        prompt_token_counts=[len(tokens) for tokens in token_lists],
+        prompt_reused_tokens=reused_prefix_lengths(token_lists),
         seed=seed,
     )
+
+
+def reused_prefix_lengths(token_lists: list[list[int]]) -> list[int]:
+    """For each prompt, the longest prefix it shares with any earlier one."""
+    reused = []
+    for i, tokens in enumerate(token_lists):
+        best = 0
+        for earlier in token_lists[:i]:
+            common = min(len(tokens), len(earlier))
+            differs = np.flatnonzero(np.asarray(tokens[:common]) != np.asarray(earlier[:common]))
+            best = max(best, int(differs[0]) if differs.size else common)
+        reused.append(best)
+    return reused
 
 
 def decision_schema(place_names: list[str]) -> dict[str, Any]:

@@ -280,7 +280,7 @@ def test_cli_fanout_computes_the_shared_head_once(capsys) -> None:
 
 
 def test_workload_counts_compute_the_head_once_and_batch_the_decode_steps() -> None:
-    counts = workload_counts([150, 130], 100, num_sampled_tokens=2 + 9, concurrency=4)
+    counts = workload_counts([150, 130], [0, 100], 100, num_sampled_tokens=2 + 9, concurrency=4)
     assert counts.num_new_tokens == 100 + 50 + 30
     # The head over itself (causal), each tail over the head and over itself (causal).
     assert counts.num_pairs == 100 * 100 / 2 + (50 * 100 + 50 * 50 / 2) + (30 * 100 + 30 * 30 / 2)
@@ -288,6 +288,26 @@ def test_workload_counts_compute_the_head_once_and_batch_the_decode_steps() -> N
     assert counts.keys_per_step == 100 + 4 * 40
     assert counts.uncached_tokens == 280
     assert counts.uncached_pairs == 150 * 150 / 2 + 130 * 130 / 2
+
+
+def test_workload_counts_reuse_a_prompt_tick_2_repeats() -> None:
+    # Tick 2 asks the same resident again: its prompt starts with 140 of tick 1's 150 tokens.
+    counts = workload_counts([150, 160], [0, 140], 100, num_sampled_tokens=2, concurrency=4)
+    assert counts.num_new_tokens == 150 + 20
+    assert counts.num_pairs == 150 * 150 / 2 + (20 * 140 + 20 * 20 / 2)
+
+
+def test_two_tick_workload_reuses_each_residents_own_head_on_tick_2(tiny_engine) -> None:
+    workload = build_workload(tiny_engine.tokenizer, num_requests=4, head_tokens=500,
+                              prompt_token_range=(900, 1000), ticks=2)  # fmt: skip
+    counts, reused = workload.prompt_token_counts, workload.prompt_reused_tokens
+    # Tick 1: the first prompt is all new, the second resident reuses about the shared head.
+    assert reused[0] == 0
+    assert workload.num_shared_prefix_tokens <= reused[1] < workload.num_shared_prefix_tokens + 20
+    # Tick 2: each resident's prompt starts with its tick-1 prompt's own head (hundreds of
+    # tokens past the shared one), and its tick's own tail is new.
+    for r, n in zip(reused[2:], counts[2:], strict=True):
+        assert reused[1] + 100 < r < n
 
 
 def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
