@@ -89,11 +89,11 @@ def workload_counts(
     mean_context = sum(prompt_token_counts) / len(prompt_token_counts)
     # The first token of each request comes out of its prefill.
     after_first = max(0, num_sampled_tokens - len(prompt_token_counts))
-    pairs = zip(prompt_token_counts, reused_tokens, strict=True)
+    prompts = list(zip(prompt_token_counts, reused_tokens, strict=True))
     return WorkloadCounts(
-        num_new_tokens=sum(n - r for n, r in zip(prompt_token_counts, reused_tokens, strict=True)),
+        num_new_tokens=sum(n - r for n, r in prompts),
         # Each new token over the reused prefix, and over the new ones before it (causal).
-        num_pairs=sum((n - r) * r + (n - r) ** 2 / 2 for n, r in pairs),
+        num_pairs=sum((n - r) * r + (n - r) ** 2 / 2 for n, r in prompts),
         num_decode_steps=-(-after_first // concurrency),
         keys_per_step=int(shared + concurrency * (mean_context - shared)),
         uncached_tokens=sum(prompt_token_counts),
