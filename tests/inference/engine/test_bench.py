@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 import pytest
 
+from inference.engine.bench import __main__ as bench_main
 from inference.engine.bench.__main__ import _decode_target_line, main
 from inference.engine.bench.baseline_transformers import run_transformers
 from inference.engine.bench.floor import Floor, workload_counts
@@ -308,6 +310,23 @@ def test_two_tick_workload_reuses_each_residents_own_head_on_tick_2(tiny_engine)
     # tokens past the shared one), and its tick's own tail is new.
     for r, n in zip(reused[2:], counts[2:], strict=True):
         assert reused[1] + 100 < r < n
+
+
+def test_floor_is_timed_once_the_engine_thread_has_ended(monkeypatch, capsys) -> None:
+    # Timed beside a live engine thread, the floor's torch ops share the CPUs with a second
+    # OpenMP team and read slower than they are.
+    real, threads_seen = bench_main.measure_floor, []
+
+    def measure_floor(*args, **kwargs):
+        threads_seen.append([thread.name for thread in threading.enumerate()])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench_main, "measure_floor", measure_floor)
+    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+            "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached"]  # fmt: skip
+    assert main(argv) == 0
+    assert "compute floor (no engine reaches it):" in capsys.readouterr().out
+    assert len(threads_seen) == 1 and "llm-engine-loop" not in threads_seen[0]
 
 
 def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
