@@ -316,9 +316,10 @@ def test_floor_is_timed_once_the_engine_thread_has_ended(monkeypatch, capsys) ->
     # Timed beside a live engine thread, the floor's torch ops share the CPUs with a second
     # OpenMP team and read slower than they are.
     real, threads_seen = bench_main.measure_floor, []
+    before = set(threading.enumerate())  # other tests' engines (tiny_engine) may be alive
 
     def measure_floor(*args, **kwargs):
-        threads_seen.append([thread.name for thread in threading.enumerate()])
+        threads_seen.append([t.name for t in threading.enumerate() if t not in before])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bench_main, "measure_floor", measure_floor)
