@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
+from inference.engine.attention.block_runs import first_difference
 
 ACTIONS = ["go_to", "stay", "work", "eat", "buy", "talk_to", "rest"]
 # The 135M model, left alone, gives one-word reasons; a minimum keeps outputs near the ~50
@@ -179,7 +179,7 @@ def build_workload(
         requests=requests,
         schema=decision_schema([place["name"] for place in places]),
         num_head_tokens=num_head,
-        num_shared_prefix_tokens=_shared_prefix_length(token_lists),
+        num_shared_prefix_tokens=first_difference(token_lists, min(map(len, token_lists))),
         prompt_token_counts=[len(tokens) for tokens in token_lists],
         prompt_reused_tokens=reused_prefix_lengths(token_lists),
         seed=seed,
@@ -188,15 +188,14 @@ def build_workload(
 
 def reused_prefix_lengths(token_lists: list[list[int]]) -> list[int]:
     """For each prompt, the longest prefix it shares with any earlier one."""
-    reused = []
-    for i, tokens in enumerate(token_lists):
-        best = 0
-        for earlier in token_lists[:i]:
-            common = min(len(tokens), len(earlier))
-            differs = np.flatnonzero(np.asarray(tokens[:common]) != np.asarray(earlier[:common]))
-            best = max(best, int(differs[0]) if differs.size else common)
-        reused.append(best)
-    return reused
+
+    def common(a: list[int], b: list[int]) -> int:
+        return first_difference([a, b], min(len(a), len(b)))
+
+    return [
+        max((common(tokens, earlier) for earlier in token_lists[:i]), default=0)
+        for i, tokens in enumerate(token_lists)
+    ]
 
 
 def decision_schema(place_names: list[str]) -> dict[str, Any]:
@@ -384,15 +383,3 @@ def _memory(rng: random.Random, places: list[dict[str, Any]], hour: int) -> str:
             f"- {when} {other}さんに{place}で会った。{rng.choice(_TOPICS)}の話をした。\n",
         ]
     )
-
-
-def _shared_prefix_length(token_lists: list[list[int]]) -> int:
-    first = token_lists[0]
-    length = len(first)
-    for other in token_lists[1:]:
-        length = min(length, len(other))
-        for i in range(length):
-            if first[i] != other[i]:
-                length = i
-                break
-    return length
