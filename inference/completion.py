@@ -35,9 +35,15 @@ class CompletionRequest:
     seed: int | None = None
     stop: list[str] | None = None
     cache_salt: str | None = None
+    # The engine's scheduling class (vLLM's priority): lower is served first.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         messages_check(self.messages)
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise CompletionInputError(
+                f"priority must be an int (lower is served first), got {self.priority!r}"
+            )
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise CompletionInputError(
                 "json_schema must be a dict (a JSON schema) or None, "
@@ -54,6 +60,7 @@ class CompletionRequest:
             "seed": self.seed,
             "stop": self.stop,
             "cache_salt": self.cache_salt,
+            "priority": self.priority,
         }
 
     @classmethod
@@ -106,10 +113,13 @@ class CompletionMetrics:
     num_cached_tokens_host: int | None = None
     num_cached_tokens_disk: int | None = None
     kv_load_s: float | None = None
+    # The time its JSON schema took to compile, before it was queued (the engine's only).
+    grammar_compile_s: float | None = None
     num_draft_tokens: int | None = None  # speculative decoding: drafted, and accepted
     num_accepted_tokens: int | None = None
     weights: str | None = None  # the engine's weight format: "fp32" | "int8" | "int4"
     kv_cache_dtype: str | None = None  # the engine's KV cache: "float32" | "bfloat16"
+    priority: int | None = None  # the engine's scheduling class the request ran in
     # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
     # first token and end to end as this client saw them (network included).
     backend: str | None = None
@@ -137,10 +147,12 @@ class CompletionMetrics:
             num_cached_tokens_host=metrics.num_cached_tokens_host,
             num_cached_tokens_disk=metrics.num_cached_tokens_disk,
             kv_load_s=metrics.kv_load_s,
+            grammar_compile_s=metrics.grammar_compile_s,
             num_draft_tokens=metrics.num_draft_tokens,
             num_accepted_tokens=metrics.num_accepted_tokens,
             weights=metrics.weights,
             kv_cache_dtype=metrics.kv_cache_dtype,
+            priority=metrics.priority,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -169,8 +181,10 @@ class CompletionMetrics:
             "num_cached_tokens_host": self.num_cached_tokens_host,
             "num_cached_tokens_disk": self.num_cached_tokens_disk,
             "kv_load_s": self.kv_load_s,
+            "grammar_compile_s": self.grammar_compile_s,
             "weights": self.weights,
             "kv_cache_dtype": self.kv_cache_dtype,
+            "priority": self.priority,
             "backend": self.backend,
             "client_ttft_s": self.client_ttft_s,
             "client_e2e_s": self.client_e2e_s,
@@ -203,10 +217,12 @@ class CompletionMetrics:
             num_cached_tokens_host=data.get("num_cached_tokens_host"),
             num_cached_tokens_disk=data.get("num_cached_tokens_disk"),
             kv_load_s=data.get("kv_load_s"),
+            grammar_compile_s=data.get("grammar_compile_s"),
             num_draft_tokens=data.get("num_draft_tokens"),
             num_accepted_tokens=data.get("num_accepted_tokens"),
             weights=data.get("weights"),
             kv_cache_dtype=data.get("kv_cache_dtype"),
+            priority=data.get("priority"),
             backend=data.get("backend"),
             client_ttft_s=data.get("client_ttft_s"),
             client_e2e_s=data.get("client_e2e_s"),

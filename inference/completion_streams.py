@@ -7,17 +7,21 @@ while it works (a long prefill sends no text), then `done` with the whole result
 The web side reads with blocking XREAD, so text is forwarded as soon as it is added. It gives
 up, with an error the client can show, when no worker took the task within the queue timeout
 (settings.OPENAI_API_TIMEOUT_S) or a worker that started went silent for
-settings.OPENAI_STREAM_IDLE_TIMEOUT_S (it died: no more heartbeats). Keys expire after
-KEY_TTL_S, so a stream nobody read does not linger.
+settings.OPENAI_STREAM_IDLE_TIMEOUT_S (it died: no more heartbeats), or Redis itself stops
+answering (refused, or silent past READ_SOCKET_TIMEOUT_S: a host that vanished sends no reset),
+which ends it within seconds (502). Keys expire after KEY_TTL_S, so a stream nobody read does
+not linger.
 
 A client that goes away mid-stream (it closed the connection) is told to the worker through a
 second key (`stream_cancel`): the worker looks for it on entry and with each heartbeat, and its
 next delta then raises StreamCancelled, which closes the engine's stream and so aborts the
-request and frees its KV blocks.
+request and frees its KV blocks. A plain (non-streamed) completion whose client left is stopped
+the same way (CancelWatch: its web view sets the same key when Django cancels it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -29,12 +33,18 @@ from typing import Any
 import redis
 import redis.asyncio
 from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 2.0
 KEY_TTL_S = 3600
 READ_BLOCK_S = 1.0  # the longest one XREAD waits, so timeouts and keep-alives are checked
+# An XREAD's reply is due within READ_BLOCK_S; a socket silent this long means Redis is gone.
+READ_SOCKET_TIMEOUT_S = READ_BLOCK_S + 2.0
+READ_CONNECT_TIMEOUT_S = 2.0
+READ_RETRIES = 1  # one reconnect (a blip); then the reader is told Redis is down
 
 
 def completion_stream_key(completion_id: str) -> str:
@@ -121,6 +131,46 @@ class StreamPublisher:
             pipe.execute()
 
 
+class CancelWatch:
+    """(worker) A plain completion's side of stream_cancel: a thread looks for the cancel key
+    every HEARTBEAT_S, and `check` (the completion's on_text) raises StreamCancelled once it
+    was set, which aborts the request in the engine. A context manager, like StreamPublisher."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+        self._stopped = threading.Event()
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"cancel-watch {key}", daemon=True)
+
+    def __enter__(self) -> CancelWatch:
+        self._look()  # the client may have left while the task was queued
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+        self._client.close()
+
+    def check(self, _text: str = "") -> None:
+        if self._cancelled.is_set():
+            raise StreamCancelled(f"completion {self.key}: the client went away")
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            self._look()
+
+    def _look(self) -> None:
+        try:
+            if self._client.exists(_cancel_key(self.key)):
+                self._cancelled.set()
+        except redis.RedisError as exc:  # then it runs to its deadline, as before
+            logger.warning("completion %s: cancel key not read (%s)", self.key, exc)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     kind: str  # "delta" | "done" | "error" | "idle" (nothing new for READ_BLOCK_S: a keep-alive)
@@ -138,13 +188,27 @@ class StreamTimeout(Exception):
 async def stream_events(key: str, *, node: str) -> AsyncIterator[StreamEvent]:
     """The stream's events as the worker adds them, until `done` or `error` (both yielded), or
     StreamTimeout. `idle` events come at most every READ_BLOCK_S while nothing arrives."""
-    client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    client = redis.asyncio.Redis.from_url(
+        settings.REDIS_URL,
+        socket_timeout=READ_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=READ_CONNECT_TIMEOUT_S,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.2), READ_RETRIES),
+    )
     queue_deadline = time.monotonic() + settings.OPENAI_API_TIMEOUT_S
     idle_timeout_s = settings.OPENAI_STREAM_IDLE_TIMEOUT_S
     last_id, last_seen, started = "0-0", time.monotonic(), False
     try:
         while True:
-            reply = await client.xread({key: last_id}, block=int(READ_BLOCK_S * 1000), count=256)
+            try:
+                reply = await client.xread(
+                    {key: last_id}, block=int(READ_BLOCK_S * 1000), count=256
+                )
+            except (redis.RedisError, OSError) as exc:
+                raise StreamTimeout(
+                    f"the completion's stream from node {node!r} was cut: Redis stopped "
+                    f"answering ({type(exc).__name__}: {exc}); the completion is lost: retry",
+                    502,
+                ) from exc
             now = time.monotonic()
             if not reply:
                 if not started and now > queue_deadline:
@@ -172,4 +236,5 @@ async def stream_events(key: str, *, node: str) -> AsyncIterator[StreamEvent]:
                 if kind in ("done", "error"):
                     return
     finally:
-        await client.aclose()
+        with contextlib.suppress(redis.RedisError, OSError):
+            await client.aclose()

@@ -57,13 +57,20 @@ TIER_COUNTERS = {
         "pokomachi:kv_tier_evictions", "Blocks a KV tier evicted for room (its byte budget)."),
     "num_expired": ("pokomachi:kv_tier_expired", "Blocks the disk tier deleted past their TTL."),
     "num_invalid": (
-        "pokomachi:kv_tier_invalid", "Damaged, foreign or old-version block files deleted."),
+        "pokomachi:kv_tier_invalid",
+        "Block files refused and deleted: links, special files, damaged, forged, foreign, "
+        "non-finite or old-version."),
+    "num_read_failures": (
+        "pokomachi:kv_tier_read_failures",
+        "Disk tier reads that failed or did not come back in time (the request recomputed)."),
 }  # fmt: skip
 TIER_GAUGES = {
     "num_blocks": ("pokomachi:kv_tier_blocks", "Blocks a KV tier holds."),
     "bytes_used": ("pokomachi:kv_tier_used_bytes", "Bytes a KV tier holds."),
     "writes_disabled": (
         "pokomachi:kv_tier_writes_disabled", "1 when the disk tier's directory cannot be written."),
+    "reads_disabled": (
+        "pokomachi:kv_tier_reads_disabled", "1 when the disk tier kept failing and is off."),
 }  # fmt: skip
 LOST = ("pokomachi:engine_lost_prompt_tokens", "Prompt tokens the engine could not reuse, by why.")
 

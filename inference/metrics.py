@@ -59,6 +59,10 @@ HISTOGRAMS: dict[str, tuple[str, list[float], Any]] = {
     "vllm:request_inference_time_seconds": (
         "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS,
         lambda m: m.prefill_s + m.decode_s),
+    # Before arrival, so not in queue or e2e: the compile of the request's JSON schema.
+    "pokomachi:request_grammar_compile_seconds": (
+        "Histogram of time spent compiling the request's JSON schema (0 from the cache).",
+        LATENCY_BUCKETS, lambda m: m.grammar_compile_s),
     "vllm:request_prompt_tokens": (
         "Number of prefill tokens processed.", TOKEN_BUCKETS, lambda m: m.num_prompt_tokens),
     "vllm:request_generation_tokens": (

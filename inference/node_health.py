@@ -76,6 +76,9 @@ class NodeState:
     prefix_keys: frozenset[str] = frozenset()
     workers: tuple[str, ...] = ()  # the live ones
     last_seen_s: float | None = None  # since the newest heartbeat of any worker; None: never
+    # Workers of it heard before but silent for down_s now, each with its last heartbeat's Unix
+    # time: one that went silent after a message was sent may have taken it with it.
+    silent_workers: tuple[tuple[str, float], ...] = ()
 
     @property
     def load(self) -> int:
@@ -199,6 +202,9 @@ def node_states_from(
                 prefix_keys=frozenset(k for hb in live for k in hb.prefix_keys),
                 workers=tuple(sorted(hb.worker for hb in live)),
                 last_seen_s=None if newest is None else max(0.0, now - newest),
+                silent_workers=tuple(
+                    sorted((hb.worker, hb.sent_at) for hb in own if now - hb.sent_at > down_s)
+                ),
             )
         )
     return states

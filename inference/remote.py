@@ -8,20 +8,34 @@ here, as the client sees it (network included): client_ttft_s, client_e2e_s. The
 `--enable-prompt-tokens-details`). A server that reports its own per-request timings, as our
 /v1 does in a `metrics` field beside the usage, is believed for queue / prefill / decode / TTFT /
 e2e; otherwise ttft_s, e2e_s and decode_s (= e2e − ttft) are the client's, and queue_s and
-prefill_s stay None (vLLM has them only in aggregate, in its own /metrics).
+prefill_s stay None (vLLM has them only in aggregate, in its own /metrics). A server that sends
+no `cached_tokens` (llama-cpp-python's) leaves num_cached_tokens unknown (None), not 0.
+
+A JSON schema goes in the server's own dialect (remote_dialects.py: OpenAI's json_schema,
+llama-cpp-python's json_object + schema, vLLM's guided_json, or none with a check and a bounded
+retry), learned on the first structured request and remembered per server.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
 from django.conf import settings
 
 from inference.completion import Completion, CompletionMetrics, CompletionRequest
 from inference.errors import CompletionInputError, InferenceError
+from inference.remote_dialects import (
+    DIALECTS,
+    MAX_UNCONSTRAINED_TRIES,
+    NOT_A_DIALECT_STATUS,
+    dialect_apply,
+    dialect_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +65,7 @@ def _client():
 
 
 def _request(request: CompletionRequest) -> dict[str, Any]:
+    """The create() keywords, without the JSON schema (remote_dialects adds it)."""
     body: dict[str, Any] = {
         "model": remote_model(),
         # Only what OpenAI defines: the town's cache breakpoints ("cache": True) are ours.
@@ -65,11 +80,6 @@ def _request(request: CompletionRequest) -> dict[str, Any]:
         body["seed"] = request.seed
     if request.stop:
         body["stop"] = request.stop
-    if request.json_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "decision", "schema": request.json_schema},
-        }
     if request.cache_salt is not None:
         body["extra_body"] = {"cache_salt": request.cache_salt}  # vLLM's prefix-cache isolation key
     return body
@@ -79,39 +89,109 @@ def remote_generate(
     *, request: CompletionRequest, on_text: Callable[[str], None] | None = None
 ) -> Completion:
     """The completion from the external server (no token ids: it does not send them);
-    CompletionInputError if it refused the request (HTTP 4xx)."""
+    CompletionInputError if it refused the request (HTTP 4xx). With a JSON schema, in the
+    server's dialect (remote_dialects), learned on its first such request."""
     import openai
 
     base_url = settings.INFERENCE_OPENAI["base_url"]
+    body = _request(request)
+    if request.json_schema is None:
+        try:
+            return _stream(body, on_text)
+        except openai.APIError as exc:
+            raise _error(exc, base_url) from exc
+    memory = dialect_memory()
+    is_known = memory.get(base_url) is not None
+    refusals: list[openai.APIError] = []
+    for dialect in memory.candidates(base_url):
+        try:
+            if dialect == "unconstrained":
+                completion = _unconstrained(body, request, on_text, base_url)
+            else:
+                completion = _stream(dialect_apply(body, dialect, request.json_schema), on_text)
+        except openai.APIError as exc:
+            status = getattr(exc, "status_code", None)
+            if is_known or status in NOT_A_DIALECT_STATUS or _is_connection(exc):
+                raise _error(exc, base_url) from exc
+            logger.info(
+                "%s refused structured output as %s (%s: %s); trying the next dialect",
+                base_url,
+                dialect,
+                status or "error event",
+                _one_line(exc.message)[:200],
+            )
+            refusals.append(exc)
+            continue
+        memory.learn(base_url, dialect)
+        return completion
+    error = _error(refusals[0], base_url)
+    raise type(error)(f"{error} (refused in every structured-output dialect: {DIALECTS})")
+
+
+def _unconstrained(
+    body: dict[str, Any],
+    request: CompletionRequest,
+    on_text: Callable[[str], None] | None,
+    base_url: str,
+) -> Completion:
+    """No constraint the server understands: ask, check the answer against the schema, ask again
+    (a new seed) up to MAX_UNCONSTRAINED_TRIES times; the text goes to `on_text` once checked."""
+    completion = None
+    for attempt in range(MAX_UNCONSTRAINED_TRIES):
+        if request.seed is not None:
+            body = {**body, "seed": request.seed + attempt}
+        completion = _stream(body, None)
+        problem = _schema_problem(completion.text, request.json_schema)
+        if problem is None:
+            break
+        logger.info(
+            "%s (no constraint): answer %s of %s is outside the schema (%s)",
+            base_url,
+            attempt + 1,
+            MAX_UNCONSTRAINED_TRIES,
+            problem,
+        )
+    else:
+        logger.warning(
+            "%s (no constraint): none of %s answers followed the schema; keeping the last",
+            base_url,
+            MAX_UNCONSTRAINED_TRIES,
+        )
+    if on_text is not None and completion.text:
+        on_text(completion.text)
+    return completion
+
+
+def _schema_problem(text: str, schema: dict[str, Any]) -> str | None:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc}"
+    except jsonschema.ValidationError as exc:
+        return exc.message
+    return None
+
+
+def _stream(body: dict[str, Any], on_text: Callable[[str], None] | None) -> Completion:
+    """One streamed request; the openai client's errors propagate."""
     started = time.monotonic()
     first_token_at: float | None = None
     pieces: list[str] = []
     finish_reason, usage, server_metrics = "stop", None, {}
-    try:
-        stream = _client().chat.completions.create(**_request(request))
-        for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage
-                server_metrics = (chunk.model_extra or {}).get("metrics") or {}
-            for choice in chunk.choices:
-                text = choice.delta.content or ""
-                if text:
-                    first_token_at = first_token_at or time.monotonic()
-                    pieces.append(text)
-                    if on_text is not None:
-                        on_text(text)
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
-    except openai.APIStatusError as exc:
-        if 400 <= exc.status_code < 500:
-            raise CompletionInputError(f"{base_url} refused the request: {exc.message}") from exc
-        raise RemoteServerError(f"{base_url} failed the request: {exc.message}") from exc
-    except openai.APIConnectionError as exc:
-        raise RemoteServerError(f"no answer from {base_url}: {exc}") from exc
-    except openai.APIError as exc:  # an error event inside the stream
-        if exc.type == "invalid_request_error":
-            raise CompletionInputError(f"{base_url} refused the request: {exc.message}") from exc
-        raise RemoteServerError(f"{base_url} failed the request: {exc.message}") from exc
+    stream = _client().chat.completions.create(**body)
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+            server_metrics = (chunk.model_extra or {}).get("metrics") or {}
+        for choice in chunk.choices:
+            text = choice.delta.content or ""
+            if text:
+                first_token_at = first_token_at or time.monotonic()
+                pieces.append(text)
+                if on_text is not None:
+                    on_text(text)
+            if choice.finish_reason:
+                finish_reason = choice.finish_reason
     ended = time.monotonic()
     first = first_token_at or ended
     client = {"ttft_s": first - started, "e2e_s": ended - started, "decode_s": ended - first}
@@ -123,6 +203,32 @@ def remote_generate(
         num_prompt_tokens=metrics.num_prompt_tokens or 0,
         metrics=metrics,
     )
+
+
+def _is_connection(exc: Exception) -> bool:
+    import openai
+
+    return isinstance(exc, openai.APIConnectionError)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error(exc: Exception, base_url: str) -> InferenceError:
+    """The openai client's error as ours: a refusal (4xx, or an invalid-request error event) is
+    the caller's CompletionInputError; the rest RemoteServerError."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        if 400 <= exc.status_code < 500:
+            return CompletionInputError(f"{base_url} refused the request: {exc.message}")
+        return RemoteServerError(f"{base_url} failed the request: {exc.message}")
+    if isinstance(exc, openai.APIConnectionError):
+        return RemoteServerError(f"no answer from {base_url}: {exc}")
+    if isinstance(exc, openai.APIError) and exc.type == "invalid_request_error":
+        return CompletionInputError(f"{base_url} refused the request: {exc.message}")
+    return RemoteServerError(f"{base_url} failed the request: {exc}")
 
 
 def _metrics(usage: Any, server: dict[str, Any], client: dict[str, float]) -> CompletionMetrics:

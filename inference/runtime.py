@@ -41,12 +41,17 @@ def engine_config_from_settings() -> EngineConfig:
             f"INFERENCE_ENGINE has keys EngineConfig does not take: {unknown}; "
             f"the valid keys are {sorted(known)}"
         )
+    # The disk tier's key is a secret: a setting of its own, so that INFERENCE_ENGINE (shown
+    # in errors and logs) never holds it.
+    key = getattr(settings, "INFERENCE_KV_DISK_KEY", None)
     try:
+        if key is not None and "kv_disk_cache_key" not in kwargs:
+            return EngineConfig(**kwargs, kv_disk_cache_key=key)
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise ImproperlyConfigured(
             f"INFERENCE_ENGINE is invalid: {exc} (POKOMACHI_MODEL, POKOMACHI_DEVICE and "
-            "POKOMACHI_TP_* set it)"
+            "POKOMACHI_TP_* set it; POKOMACHI_KV_KEY the disk tier's key)"
         ) from exc
 
 

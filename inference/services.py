@@ -31,6 +31,7 @@ __all__ = [
     "completion_head_unpin",
     "completion_head_warm",
     "completion_model",
+    "completion_schemas_warm",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,10 +89,14 @@ def _engine_generate(
             cache_salt=request.cache_salt,
         )
         if on_text is None:
-            (output,) = engine_get().generate([messages], params, timeout=timeout_s)
+            (output,) = engine_get().generate(
+                [messages], params, timeout=timeout_s, priority=request.priority
+            )
         else:
             # closing: an exception in on_text closes the stream now, which aborts the request.
-            stream = engine_get().generate_stream(messages, params, timeout=timeout_s)
+            stream = engine_get().generate_stream(
+                messages, params, timeout=timeout_s, priority=request.priority
+            )
             with contextlib.closing(stream):
                 for delta in stream:
                     if delta.text:
@@ -123,6 +128,16 @@ def _engine_generate(
         num_prompt_tokens=len(output.prompt_token_ids),
         metrics=metrics,
     )
+
+
+def completion_schemas_warm(*, json_schemas: list[dict[str, Any]]) -> list[str | None]:
+    """Compile JSON schemas on this process's engine now (each distinct one once; at most the
+    engine's compile workers at once), so completions that use them later start at once; per
+    schema, None or why it was refused. With an external server configured nothing is compiled
+    here (it compiles its own) and every entry is None."""
+    if remote_is_configured():
+        return [None] * len(json_schemas)
+    return engine_get().compile_schemas(list(json_schemas))
 
 
 def completion_head_warm(*, messages: list[dict[str, Any]], cache_salt: str | None) -> int:

@@ -16,16 +16,21 @@ ignores them, so the engine deadline is what ends a completion.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from inference.completion_streams import StreamCancelled, StreamPublisher
+from inference.completion_streams import CancelWatch, StreamCancelled, StreamPublisher
 from inference.errors import CompletionInputError, CompletionTimeoutError
-from inference.services import CompletionRequest, completion_generate
+from inference.node_health import node_states
+from inference.nodes import node_queue
+from inference.services import CompletionRequest, completion_generate, completion_schemas_warm
+from inference.task_queue import task_send
 
 logger = logging.getLogger(__name__)
 
@@ -45,21 +50,31 @@ def _timeout_message(exc: BaseException) -> str:
     soft_time_limit=SOFT_TIME_LIMIT_S,
     time_limit=TIME_LIMIT_S,
 )
-def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> dict[str, Any]:
+def chat_completion(
+    request: dict[str, Any], stream_key: str | None = None, cancel_key: str | None = None
+) -> dict[str, Any]:
     """`request`: a CompletionRequest's JSON (CompletionRequest.to_json). Returns the completion's
     JSON (Completion.to_json), or {"error": why} ({"error": why, "status": 504} when it ran out
-    of time); with `stream_key`, streams it there as well."""
+    of time, 499 when its client left); with `stream_key`, streams it there as well. A plain
+    completion with `cancel_key` is aborted once its client left (CancelWatch)."""
     timeout_s = settings.OPENAI_API_TIMEOUT_S
     if stream_key is None:
+        watch = CancelWatch(cancel_key) if cancel_key is not None else None
         try:
-            completion = completion_generate(
-                request=CompletionRequest.from_json(request), timeout_s=timeout_s
-            )
+            with watch or contextlib.nullcontext():
+                completion = completion_generate(
+                    request=CompletionRequest.from_json(request),
+                    on_text=watch.check if watch is not None else None,
+                    timeout_s=timeout_s,
+                )
             return completion.to_json()
         except CompletionInputError as exc:
             return {"error": str(exc)}
         except (CompletionTimeoutError, SoftTimeLimitExceeded) as exc:
             return {"error": _timeout_message(exc), "status": 504}
+        except StreamCancelled as exc:  # the engine request is aborted: nobody waits for it
+            logger.info("%s; the completion was aborted", exc)
+            return {"error": str(exc), "status": 499}
     with StreamPublisher(stream_key) as stream:
         try:
             completion = completion_generate(
@@ -82,3 +97,34 @@ def chat_completion(request: dict[str, Any], stream_key: str | None = None) -> d
         result = completion.to_json()
         stream.done(result)
         return result
+
+
+@shared_task(name="inference.schemas_warm", acks_late=False)
+def schemas_warm(json_schemas: list[dict[str, Any]]) -> list[str | None]:
+    """Compile these JSON schemas on this node's engine (completion_schemas_warm)."""
+    return completion_schemas_warm(json_schemas=json_schemas)
+
+
+def schemas_warm_on_nodes(
+    *, node_to_schemas: dict[str, list[dict[str, Any]]], timeout_s: float
+) -> dict[str, list[str | None] | None]:
+    """Have each node compile its schemas and wait for them all, at most `timeout_s` in all;
+    per node, what schemas_warm answered, or None when it did not answer in time or is down (no
+    heartbeat: nobody would take the task): its requests then compile what they need."""
+    up = {state.node for state in node_states(list(node_to_schemas)) if state.is_up}
+    results = {
+        node: task_send(schemas_warm, args=[schemas], queue=node_queue(node))
+        for node, schemas in node_to_schemas.items()
+        if schemas and node in up
+    }
+    deadline = time.monotonic() + timeout_s
+    answers: dict[str, list[str | None] | None] = dict.fromkeys(node_to_schemas)
+    for node, result in results.items():
+        try:
+            answers[node] = result.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except Exception as exc:  # a timeout, or the node failed the warm: not fatal
+            logger.warning("node %s did not warm its schemas: %s", node, exc)
+            answers[node] = None
+        finally:
+            result.forget()
+    return answers

@@ -306,6 +306,7 @@ def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
         "weights": "auto",  # fp32 on CUDA (the quantized layers are CPU kernels)
         "kv_cache_dtype": "bfloat16",  # the model's dtype on CUDA
         "prefill_chunk_while_decoding": 256,
+        "grammar_compile_workers": 2,  # compiles off the serving threads where deployed
     }
     volumes = compose["services"]["worker-spark-b"]["volumes"]
     assert "kv-cache:/kv-cache" in volumes
@@ -323,17 +324,76 @@ def test_only_the_tunnel_reaches_the_web_server(compose):
     assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
 
 
+def _pip_installs(text: str) -> list[list[str]]:
+    """The arguments of every `pip install` in a Dockerfile or Makefile (continued lines joined,
+    make's and the shell's variables left as they are)."""
+    joined = text.replace("\\\n", " ")
+    installs = []
+    for line in joined.splitlines():
+        for command in re.split(r"&&|;", line):
+            words = command.split()
+            for index, word in enumerate(words[:-1]):
+                is_pip = word.endswith("pip") or word == "$(PIP)"
+                if is_pip and words[index + 1] == "install":
+                    installs.append(words[index + 2 :])
+    return installs
+
+
+def _packages(installs: list[list[str]]) -> set[str]:
+    return {arg.strip("'\"") for args in installs for arg in args if not arg.startswith("-")}
+
+
 def test_the_dockerfile_installs_like_make_setup():
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert re.search(r"^setup:", makefile, re.M)
-    assert "make setup" in dockerfile
     (torch_pin,) = set(re.findall(r"torch==[\d.]+", makefile))
     assert set(re.findall(r"torch==[\d.]+", dockerfile)) == {torch_pin}
+    # The same pinned packages as `make setup`, the project itself aside.
+    pinned = {p for p in _packages(_pip_installs(makefile)) if "==" in p}
+    assert pinned and pinned <= _packages(_pip_installs(dockerfile))
     assert "collectstatic" in dockerfile
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
     for path in (".venv", ".env", "var", ".git"):
         assert path in ignored
+
+
+def test_the_production_image_installs_no_test_extras():
+    """The Dockerfile's install line names the project without extras, and none of the [test]
+    extra's packages is a dependency of the project or installed on its own."""
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+
+    def name(requirement: str) -> str:
+        return re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower()
+
+    test_extras = {name(r) for r in project["optional-dependencies"]["test"]}
+    assert {"pytest", "transformers", "playwright"} <= test_extras
+    assert not test_extras & {name(r) for r in project["dependencies"]}
+    installs = _pip_installs((REPO_ROOT / "Dockerfile").read_text())
+    projects = [args for args in installs if "." in args or "-e" in args]
+    assert projects, "the Dockerfile does not install the project"
+    for args in projects:
+        target = args[args.index("-e") + 1] if "-e" in args else "."
+        assert target.strip("'\"") == ".", f"the image installs the project as {target}"
+    assert not test_extras & {name(p) for p in _packages(installs)}
+
+
+def test_the_kv_cache_volume_is_where_the_settings_look_and_the_image_user_owns_it(
+    compose, tmp_path
+):
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    (user,) = re.findall(r"^USER (\S+)", dockerfile, re.M)
+    for service in ("worker-spark-a", "worker-spark-b"):
+        spec = compose["services"][service]
+        path = settings_with(spec["environment"], tmp_path)["INFERENCE_ENGINE"]["kv_disk_cache_dir"]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in spec["volumes"]}
+        assert mounts.get(path) == "kv-cache", f"{service}: the KV disk tier {path} is not mounted"
+        assert "kv-cache" in compose["volumes"]
+        # A fresh named volume copies its mount point's owner from the image: created, owned.
+        assert re.search(rf"mkdir -p [^&]*{re.escape(path)}(\s|$)", dockerfile, re.M)
+        assert re.search(rf"chown {user} [^&]*{re.escape(path)}(\s|$)", dockerfile, re.M)
 
 
 def _compose_plugin() -> bool:

@@ -389,6 +389,11 @@ class DecisionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Nothing to save: its page is "View decision", with no save buttons. Seeing it needs
+        # the view permission (or the change one, as Django's has_view_permission allows).
+        return False
+
     @admin.display(description="run·tick", ordering="tick__index")
     def run_tick(self, decision: Decision) -> str:
         return f"{decision.run_id} · {decision.tick.index}"

@@ -8,13 +8,16 @@ is filled from the stored events (town/events.py says why that is always possibl
 
 Messages to the client: {"type": "snapshot", "seq": N, ...} (town/live.py: run_snapshot),
 {"type": "event", "seq", "kind", "at", "data"}, {"type": "error", "message"} before a close.
-Close codes: 4400 bad ?after, 4403 not allowed to watch, 4404 no such run.
+Close codes: 4400 bad ?after, 4403 not allowed to watch, 4404 no such run, 1013 (try again
+later) when the channel layer's Redis does not answer: the client is told why and reconnects.
 """
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import parse_qs
 
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -23,8 +26,11 @@ from town.events import events_after, last_seq, run_group
 from town.live import run_snapshot
 from town.models import Run
 
+logger = logging.getLogger(__name__)
+
 # A client further behind than this gets a fresh snapshot instead of the events one by one.
 MAX_CATCH_UP_EVENTS = 2000
+UNAVAILABLE_CLOSE_CODE = 1013  # RFC 6455: "try again later"
 
 
 def websocket_allowed(scope) -> bool:
@@ -48,6 +54,25 @@ def _parse_after(scope) -> tuple[int | None, str]:
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    _is_accepted = False
+    _is_closed = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (redis.RedisError, OSError) as exc:
+            # The layer's receive loop (Channels runs it beside the socket's) lost its Redis:
+            # at connect, or later mid-session.
+            await self._close_unavailable(exc)
+
+    async def accept(self, subprotocol=None, headers=None) -> None:
+        await super().accept(subprotocol, headers)
+        self._is_accepted = True
+
+    async def close(self, code=None, reason=None) -> None:
+        self._is_closed = True
+        await super().close(code, reason)
+
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.last_seq = 0
@@ -66,7 +91,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         # Join first, then read: an event committed meanwhile is both read and queued, and
         # the queued copy is dropped as already sent.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        except (redis.RedisError, OSError) as exc:
+            await self._close_unavailable(exc)
+            return
         newest = await database_sync_to_async(last_seq)(run_id=self.run_id)
         if after is None or after > newest or newest - after > MAX_CATCH_UP_EVENTS:
             await self._send_snapshot()
@@ -75,7 +104,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._catch_up(up_to_seq=None)
 
     async def disconnect(self, code) -> None:
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        try:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        except (redis.RedisError, OSError) as exc:  # the group's entry expires by itself
+            logger.info("run %s: leaving the group failed (%s)", self.run_id, exc)
+
+    async def _close_unavailable(self, exc: BaseException) -> None:
+        """The live feed cannot be joined (Redis is down): say so, then close (1013: try again
+        later), rather than leave an accepted socket that never sends anything."""
+        if self._is_closed:
+            return
+        logger.warning("%s: the live feed is unavailable (%s)", self.scope["path"], exc)
+        if not self._is_accepted:
+            await self.accept()
+        message = "the live feed is unavailable (its Redis does not answer): reconnect shortly"
+        await self.send_json({"type": "error", "message": message})
+        await self.close(code=UNAVAILABLE_CLOSE_CODE, reason="live feed unavailable; retry")
 
     async def receive_json(self, content, **kwargs) -> None:
         # The stream is one way; a client that wants to resume reconnects with ?after=<seq>.

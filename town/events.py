@@ -12,7 +12,10 @@ Event kinds and their data (ids are database ids; every event also has seq, kind
 entity has one shape, the REST API's: a decision is what GET /api/decisions/ lists for it
 (town/api/serializers.py: DecisionSerializer), a summary what a run's `summary` says.
   decision.started   the decision, just sent to its node: the resident is thinking
-  decision.applied   the decision, applied to the town
+  decision.answered  the decision, as soon as its answer is stored (computed: the resident has
+                     decided, with its action, target and reason; or failed / timed out), while
+                     the tick still waits for the others
+  decision.applied   the decision, applied to the town when the whole tick is in
   resident.moved     resident_id, from_place_id, to_place_id, tick_index
   tick.advanced      tick_index, num_ticks_done, clock, open_place_ids, residents, summary
   run.state          status, num_ticks_done, num_steps_pending
@@ -36,7 +39,10 @@ from town.selectors import run_clock, run_summary
 logger = logging.getLogger(__name__)
 
 DECISION_STARTED = "decision.started"
+DECISION_ANSWERED = "decision.answered"
 DECISION_APPLIED = "decision.applied"
+# What the live page's feed lists: each decision once answered, again once applied.
+FEED_KINDS = (DECISION_ANSWERED, DECISION_APPLIED)
 RESIDENT_MOVED = "resident.moved"
 TICK_ADVANCED = "tick.advanced"
 RUN_STATE = "run.state"
@@ -137,6 +143,13 @@ def decision_started_emit(*, decision: Decision, tick_index: int) -> None:
     assert decision.tick.index == tick_index, (decision.tick.index, tick_index)
     (data,) = decisions_data([decision])
     event_emit(run_id=decision.run_id, kind=DECISION_STARTED, data=data)
+
+
+def decision_answered_emit(*, decision_id: int) -> None:
+    """Call inside the transaction that stored the answer: the event commits with it."""
+    decision = Decision.objects.select_related("tick", "resident").get(pk=decision_id)
+    (data,) = decisions_data([decision])
+    event_emit(run_id=decision.run_id, kind=DECISION_ANSWERED, data=data)
 
 
 def run_state_emit(*, run: Run) -> None:

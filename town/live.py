@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 
 from town.api.serializers import PlaceSerializer, ResidentSerializer, RunSerializer
 from town.events import (
-    DECISION_APPLIED,
+    FEED_KINDS,
     clock_data,
     decisions_data,
     event_message,
@@ -31,13 +31,10 @@ from town.selectors import RunSummary, place_view, run_clock, run_summary
 NUM_FEED_EVENTS = 30
 NUM_DETAIL_MEMORIES = 8
 NUM_DETAIL_DECISIONS = 5
-IN_FLIGHT = (
-    Decision.Status.QUEUED,
-    Decision.Status.RUNNING,
-    Decision.Status.COMPUTED,
-    Decision.Status.FAILED,
-    Decision.Status.TIMED_OUT,
-)
+# Sent and not answered yet: the resident is thinking. An answered decision shows what the
+# resident decided (its decision.answered event) until the tick applies it.
+THINKING = (Decision.Status.QUEUED, Decision.Status.RUNNING)
+UNANSWERED = (Decision.Status.PENDING, *THINKING)
 
 
 def run_header(run: Run, *, summary: RunSummary | None = None) -> dict[str, Any]:
@@ -87,7 +84,7 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
         thinking = set()
         if open_tick is not None:
             thinking = set(
-                open_tick.decisions.filter(status__in=IN_FLIGHT).values_list(
+                open_tick.decisions.filter(status__in=THINKING).values_list(
                     "resident_id", flat=True
                 )
             )
@@ -96,12 +93,12 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
             .select_related("resident", "place")
             .order_by("resident_id")
         )
+        latest = _latest_decisions(run=run)
         residents = [
-            {**r, "thinking": r["id"] in thinking}
+            {**r, "thinking": r["id"] in thinking, "latest_decision": latest.get(r["id"])}
             for r in residents_data([s.resident for s in states], states)
         ]
-        feed = RunEvent.objects.filter(run=run, kind=DECISION_APPLIED, seq__lte=seq)
-        feed_events = [event_message(e) for e in feed.order_by("-seq")[:NUM_FEED_EVENTS]]
+        feed_events = _feed_events(run=run, up_to_seq=seq)
         header = run_header(run, summary=run_summary(run=run))
         return {
             "type": "snapshot",
@@ -110,9 +107,33 @@ def run_snapshot(*, run_id: int) -> dict[str, Any]:
             "clock": clock_data(run=run, tick_index=run.num_ticks_done),
             "places": places_data(run=run, tick_index=run.num_ticks_done),
             "residents": residents,
-            "feed": feed_events[::-1],
+            "feed": feed_events,
             "summary": header["summary"],
         }
+
+
+def _latest_decisions(*, run: Run) -> dict[int, dict[str, Any]]:
+    """Each resident's newest answered decision (applied, or waiting for its tick), by resident
+    id: what the page shows the resident last decided until its next answer comes."""
+    answered = Decision.objects.filter(run=run).exclude(status__in=UNANSWERED)
+    newest = answered.filter(resident_id=OuterRef("resident_id")).order_by("-tick__index")
+    ids = ResidentState.objects.filter(run=run).annotate(newest=Subquery(newest.values("pk")[:1]))
+    decisions = Decision.objects.filter(pk__in=ids.values("newest")).select_related(
+        "tick", "resident"
+    )
+    return {d["resident"]: d for d in decisions_data(list(decisions))}
+
+
+def _feed_events(*, run: Run, up_to_seq: int) -> list[dict[str, Any]]:
+    """The feed's last NUM_FEED_EVENTS decisions, oldest first, each as its newest event (a
+    decision is answered, then applied: two events, one line in the feed)."""
+    events = RunEvent.objects.filter(run=run, kind__in=FEED_KINDS, seq__lte=up_to_seq)
+    newest: dict[int, dict[str, Any]] = {}
+    for event in events.order_by("-seq")[: 2 * NUM_FEED_EVENTS]:
+        newest.setdefault(event.data["id"], event_message(event))
+        if len(newest) == NUM_FEED_EVENTS:
+            break
+    return sorted(newest.values(), key=lambda e: e["seq"])
 
 
 def resident_detail(*, run: Run, resident_id: int) -> dict[str, Any] | None:

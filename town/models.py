@@ -360,6 +360,11 @@ class Decision(models.Model):
     started_send = models.PositiveIntegerField(
         null=True, blank=True, help_text="The send whose delivery began the last attempt."
     )
+    # Set at dispatch: the tick loop's (settings.INFERENCE_PRIORITY_TICK) or, asked for through
+    # the API, settings.INFERENCE_PRIORITY_REQUESTED, which goes ahead of the town's batch.
+    priority = models.IntegerField(
+        null=True, blank=True, help_text="The engine's scheduling class (lower goes first)."
+    )
     # Engine metrics (vLLM definitions), as the engine reported them.
     num_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     num_cached_tokens = models.PositiveIntegerField(null=True, blank=True)

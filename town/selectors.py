@@ -136,6 +136,21 @@ def tick_decisions(*, tick: Tick) -> list[Decision]:
     return list(tick.decisions.order_by("resident_id"))
 
 
+def tick_failure(*, tick: Tick) -> str | None:
+    """When no decision of the tick got an answer (each failed or timed out): that, with the
+    first one's error, on one line; else None. (An answer with an impossible action is made.)"""
+    decisions = tick_decisions(tick=tick)
+    lost = (Decision.Status.FAILED, Decision.Status.TIMED_OUT)
+    if not decisions or any(d.status not in lost for d in decisions):
+        return None
+    first = decisions[0]
+    why = " ".join((first.error or first.status).split())
+    return (
+        f"run {tick.run_id}, tick {tick.index}: all {len(decisions)} decisions failed; "
+        f"the first (decision {first.pk}): {why}"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RunSummary:
     """The talk's summary table (slide 15), over a run's computed decisions."""

@@ -5,13 +5,15 @@ may be lost: services/decisions.py says how). A decision whose node is down (no 
 settings.INFERENCE_NODE_DOWN_S) while another of the run's nodes is up goes to that one instead,
 queued or running: the tick does not wait for the dead node.
 
-Decisions go to the nodes' Celery queues (`tasks.decision_send`). `InlineSend` computes them in
-this process instead, on threads sharing this process's engine — the same service, for
-`run_town --inline` and for tests without a worker.
+Before a tick's decisions are sent, its distinct schemas are compiled on their nodes (the send's
+`warm_schemas`), so the decisions find them compiled. Decisions go to the nodes' Celery queues
+(`tasks.decision_send`). `InlineSend` computes them in this process instead, on threads sharing
+this process's engine — the same service, for `run_town --inline` and for tests without a worker.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -25,6 +27,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from inference.node_health import NodeState, node_states
+from inference.services import completion_schemas_warm
 from inference.task_queue import TaskQueueUnavailable
 from town import services
 from town.models import Decision, Run, Tick
@@ -67,8 +70,43 @@ class InlineSend:
         finally:
             connection.close()
 
+    @staticmethod
+    def warm_schemas(node_to_schemas: dict[str, list[dict]]) -> None:
+        """Compile the decisions' schemas on this process's engine (every node is this one)."""
+        schemas = list({json.dumps(s): s for ss in node_to_schemas.values() for s in ss}.values())
+        completion_schemas_warm(json_schemas=schemas)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _tick_schemas_warm(*, tick: Tick, send: DecisionSend) -> None:
+    """Before a tick's decisions are sent: have each node compile the tick's distinct schemas
+    (they differ only in which places are open and offered: a few per tick), each once and all
+    at once, so no decision waits for a compile (a no-op for a send that cannot warm)."""
+    warm = getattr(send, "warm_schemas", None)
+    if warm is None:
+        return
+    node_to_schemas: dict[str, dict[str, dict]] = {}
+    for decision in tick_decisions(tick=tick):
+        if decision.status == D.PENDING and decision.json_schema is not None:
+            schemas = node_to_schemas.setdefault(decision.node, {})
+            schemas[json.dumps(decision.json_schema)] = decision.json_schema
+    if not node_to_schemas:
+        return
+    started = time.perf_counter()
+    try:
+        warm({node: list(schemas.values()) for node, schemas in node_to_schemas.items()})
+    except TaskQueueUnavailable as exc:  # the decisions' own sends will say so again
+        logger.warning("tick %s: schemas not warmed: %s", tick.pk, exc)
+        return
+    logger.info(
+        "tick %s: %s distinct schemas warmed on %s node(s) in %.2f s",
+        tick.pk,
+        sum(len(s) for s in node_to_schemas.values()),
+        len(node_to_schemas),
+        time.perf_counter() - started,
+    )
 
 
 def _timed_out(decision: Decision, timeout_s: float) -> bool:
@@ -100,10 +138,29 @@ class _NodeHealth:
         self._read_at = -float("inf")
 
     def replacement(self, decision: Decision) -> str | None:
+        return decision_node_replacement(run=self._run, decision=decision, states=self._read())
+
+    def state(self, node: str) -> NodeState | None:
+        return next((s for s in self._read() if s.node == node), None)
+
+    def _read(self) -> list[NodeState]:
         if time.monotonic() - self._read_at >= self.HEALTH_READ_S:
             self._states = node_states(self._run.nodes)
             self._read_at = time.monotonic()
-        return decision_node_replacement(run=self._run, decision=decision, states=self._states)
+        return self._states
+
+
+def _resend_if_lost(
+    *, decision: Decision, send: DecisionSend, health: _NodeHealth, told: set[tuple[int, int]]
+) -> None:
+    """A decision past its resend time: sent again (a WARNING) only when its message may be
+    lost; one waiting behind others on a live node is left alone (INFO, once per send)."""
+    verdict = services.decision_wait_verdict(decision=decision, state=health.state(decision.node))
+    if verdict.resend:
+        _queue_down_logged(services.decision_resend, decision=decision, send=send, why=verdict.why)
+    elif (decision.pk, decision.num_sends) not in told:
+        told.add((decision.pk, decision.num_sends))
+        logger.info("decision %s %s; not sent again", decision.pk, verdict.why)
 
 
 def _tick_decide(
@@ -118,6 +175,7 @@ def _tick_decide(
     num_answered_seen = 0
     resend_s = settings.TOWN_DECISION_RESEND_S
     health = _NodeHealth(run=run)
+    told: set[tuple[int, int]] = set()  # (decision, send) whose expected wait was logged
     while True:
         decisions = tick_decisions(tick=tick)
         in_flight = [d for d in decisions if d.status in IN_FLIGHT]
@@ -131,7 +189,7 @@ def _tick_decide(
                     services.decision_reroute, decision=decision, send=send, node=replacement
                 )
             elif services.decision_resend_due(decision=decision, resend_s=resend_s):
-                _queue_down_logged(services.decision_resend, decision=decision, send=send)
+                _resend_if_lost(decision=decision, send=send, health=health, told=told)
         waiting = [d for d in decisions if d.status == D.PENDING]
         for decision in waiting[: max(0, run.concurrency - len(in_flight))]:
             # Routed when the tick began; a node gone down since then gets none.
@@ -172,6 +230,7 @@ def tick_run(
     logger.info("run %s: tick %s (day %s %s)", run.pk, tick.index, tick.day, tick.phase)
     if before_decide is not None:
         before_decide(tick)
+    _tick_schemas_warm(tick=tick, send=send)
     _tick_decide(run=run, tick=tick, send=send, poll_s=poll_s, progress=progress, renew=renew)
     return services.tick_finish(tick=tick)
 

@@ -17,9 +17,11 @@ import logging
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 
 from inference.nodes import node_queue
 from inference.task_queue import task_send
+from inference.tasks import schemas_warm_on_nodes
 from town.services import decision_compute as decision_compute_service
 from town.services import decision_fail
 
@@ -58,7 +60,21 @@ def decision_compute(self, decision_id: int, send: int = 1) -> bool:
         raise self.retry(exc=exc, countdown=1) from exc
 
 
-def decision_send(decision_id: int, node: str, send: int) -> None:
-    """Put a decision on its node's queue (the DecisionSend the tick loop uses); `send` says
-    which send of it this is (services/decisions.py: decision_resend)."""
-    task_send(decision_compute, args=[decision_id, send], queue=node_queue(node))
+class CelerySend:
+    """The DecisionSend the tick loop uses: decisions go to their nodes' queues."""
+
+    def __call__(self, decision_id: int, node: str, send: int) -> None:
+        """Put a decision on its node's queue; `send` says which send of it this is
+        (services/decisions.py: decision_resend)."""
+        task_send(decision_compute, args=[decision_id, send], queue=node_queue(node))
+
+    @staticmethod
+    def warm_schemas(node_to_schemas: dict[str, list[dict]]) -> None:
+        """Have each node compile its decisions' schemas, before they are sent (bounded by
+        settings.TOWN_SCHEMA_WARM_S)."""
+        schemas_warm_on_nodes(
+            node_to_schemas=node_to_schemas, timeout_s=settings.TOWN_SCHEMA_WARM_S
+        )
+
+
+decision_send = CelerySend()

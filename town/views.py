@@ -37,10 +37,14 @@ def watchers_only(view):
 
 
 def _page_context(request: HttpRequest, run: Run) -> dict:
+    # Every button is on the page; those the run's status does not allow are hidden, and the
+    # live page shows and hides them as the status changes, by the same rule as the admin's.
+    available = services.run_controls_available(run=run)
     return {
         "run": run,
         "can_control": can_control_runs(request.user),
-        "controls": list(CONTROLS),
+        "controls": [(name, name in available) for name in CONTROLS],
+        "control_statuses": services.run_control_statuses(),
     }
 
 

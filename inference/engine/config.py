@@ -30,6 +30,7 @@ _SPECULATIVE_METHODS = (None, "ngram", "mtp")
 # Linear-layer weights: fp32 (the exact reference), weight-only int8 / int4 on torch's CPU
 # kernels (models/quantized_linear.py), or "auto": resolved at load (models.resolve_weights).
 WEIGHT_FORMATS = ("fp32", "int8", "int4", "auto")
+MIN_KV_KEY_BYTES = 16
 
 
 @dataclass(slots=True)
@@ -47,6 +48,10 @@ class CacheConfig:
     # block count. None: both groups get the same number of blocks.
     window_cache_fraction: float | None = None
     num_window_blocks: int | None = None
+    # The memory one rank may use (bytes), checked at start by the memory plan (weights + the
+    # activation reserve + the KV budget must fit; memory_plan/): None measures it (CUDA: free
+    # device memory; CPU: the host's available memory, shared by spawned ranks).
+    device_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     # Sliding-window models only (vLLM's --prefix-cache-retention-interval): where the window's
     # state is kept for reuse. None: every block (dense); 0: where each prompt ends; N > 0:
@@ -76,6 +81,14 @@ class CacheConfig:
     kv_disk_cache_bytes: int = 20 << 30
     # Blocks not used for this long are deleted (last use: written or hit).
     kv_disk_cache_ttl_s: float = 3 * 86400.0
+    # The deployment's secret for the disk tier's files (HMAC-SHA256, kv/tiers/block_file): the
+    # same on every engine that shares kv_disk_cache_dir; a file without its MAC is refused.
+    # None: a random key per engine (one warning), so no file is trusted across engines.
+    kv_disk_cache_key: str | bytes | None = field(default=None, repr=False)
+    # A load from the tiers that has read no block for this long is given up and the request
+    # recomputes (a stuck network mount, a file that never answers); reads failing in a row
+    # turn the disk tier off (kv/tiers/disk_tier).
+    kv_disk_load_timeout_s: float = 5.0
     # Where the tiers cannot store an engine's KV yet (a tensor-parallel engine's shards,
     # DeepSeek-V4's compressed state): False refuses such an engine; True runs it without the
     # tiers and logs why (a deployment default that should not stop a worker from starting).
@@ -99,6 +112,13 @@ class CacheConfig:
             raise ValueError(f"num_window_blocks must be ≥ 2, got {self.num_window_blocks}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be ≥ 2, got {self.num_kv_blocks}")
+        if self.device_memory_bytes is not None and (
+            not isinstance(self.device_memory_bytes, int) or self.device_memory_bytes < 1
+        ):
+            raise ValueError(
+                "device_memory_bytes must be a positive int (the bytes one rank may use) or None "
+                f"(measured at start), got {self.device_memory_bytes!r}"
+            )
         self._check_tiers()
         if self.num_kv_blocks is None and self.kv_cache_memory_bytes < 1 << 20:
             raise ValueError(
@@ -130,11 +150,33 @@ class CacheConfig:
                 f"kv_disk_cache_ttl_s must be a finite number of seconds > 0, got "
                 f"{self.kv_disk_cache_ttl_s!r}"
             )
+        key = self.kv_disk_cache_key
+        if key is not None and (
+            not isinstance(key, str | bytes) or len(self.disk_cache_key) < MIN_KV_KEY_BYTES
+        ):
+            raise ValueError(
+                f"kv_disk_cache_key must be a secret (str or bytes) of at least "
+                f"{MIN_KV_KEY_BYTES} bytes, the same on every engine that shares "
+                "kv_disk_cache_dir (e.g. python -c 'import secrets; print(secrets.token_hex(32))'"
+                f"), or None (a random key per engine); got a {type(key).__name__} too short "
+                "or of another type"
+            )
+        if not 0 < self.kv_disk_load_timeout_s < float("inf"):
+            raise ValueError(
+                f"kv_disk_load_timeout_s must be a finite number of seconds > 0, got "
+                f"{self.kv_disk_load_timeout_s!r}"
+            )
         if self.has_tiers and not self.enable_prefix_caching:
             raise ValueError(
                 "kv_host_cache_bytes / kv_disk_cache_dir keep prefix-cache blocks below the "
                 "device pool; they need enable_prefix_caching=True"
             )
+
+    @property
+    def disk_cache_key(self) -> bytes | None:
+        """kv_disk_cache_key as bytes (a str is taken as UTF-8)."""
+        key = self.kv_disk_cache_key
+        return key.encode() if isinstance(key, str) else key
 
     @property
     def has_tiers(self) -> bool:

@@ -4,12 +4,17 @@ user's browser POST with their cookies (Access's CF_Authorization, the Django se
 `Content-Type: application/json` (which a cross-site page can only send after a CORS preflight
 that this server never grants), and a request whose Origin header names another site is refused
 outright. Clients that are not browsers send no Origin and are not affected.
+
+API keys (vLLM's --api-key): with settings.OPENAI_API_KEYS set (POKOMACHI_API_KEYS), every /v1
+request must carry one of them as `Authorization: Bearer <key>`; a missing or wrong key is a 401
+in OpenAI's shape. Unset, /v1 reads no key (see the README's Security section).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hmac
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -47,6 +52,36 @@ def refusal(request: HttpRequest) -> OpenAIError | None:
             status=415,
         )
     return None
+
+
+def api_key_refusal(request: HttpRequest) -> OpenAIError | None:
+    """Why the request's API key is refused (keys configured, and none of them sent), or None."""
+    keys = getattr(settings, "OPENAI_API_KEYS", [])
+    if not keys:
+        return None
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    sent = sent.strip() if scheme.lower() == "bearer" else ""
+    # Compared in constant time, against every key, so the timing tells nothing of which.
+    matches = [hmac.compare_digest(sent.encode(), key.encode()) for key in keys]
+    if sent and any(matches):
+        return None
+    why = "no API key was sent" if not sent else "the API key sent is not one of this server's"
+    return OpenAIError(
+        f"{why}: send Authorization: Bearer <key> with a key from POKOMACHI_API_KEYS",
+        status=401,
+        code="invalid_api_key",
+    )
+
+
+def api_key_required(view: View) -> View:
+    @functools.wraps(view)
+    async def guarded(request: HttpRequest) -> HttpResponse:
+        refused = api_key_refusal(request)
+        if refused is not None:
+            return JsonResponse(refused.body(), status=refused.status)
+        return await view(request)
+
+    return guarded
 
 
 def same_site_json(view: View) -> View:

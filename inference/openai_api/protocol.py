@@ -197,8 +197,9 @@ def _json_schema(raw: Any) -> dict[str, Any] | None:
     )
 
 
-def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
-    """The request body as a ChatRequest, or OpenAIError saying which field is wrong and why."""
+def chat_request_parse(body: Any, *, served_model: str, default_priority: int = 0) -> ChatRequest:
+    """The request body as a ChatRequest, or OpenAIError saying which field is wrong and why.
+    `priority` is vLLM's (lower is served first); `default_priority` when it is left out."""
     if not isinstance(body, dict):
         raise OpenAIError("the request body must be a JSON object")
     model = body.get("model")
@@ -235,6 +236,14 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
         )
     if cache_salt is not None:
         _text(cache_salt, "cache_salt")
+    priority = body.get("priority", default_priority)
+    if priority is None:
+        priority = default_priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**31:
+        raise OpenAIError(
+            f"priority must be a whole number (lower is served first), got {priority!r}",
+            param="priority",
+        )
     node = body.get("node")
     if node is not None and not isinstance(node, str):
         raise OpenAIError("node must be the name of an inference node", param="node")
@@ -252,6 +261,7 @@ def chat_request_parse(body: Any, *, served_model: str) -> ChatRequest:
             seed=seed,
             stop=_stop(body.get("stop")),
             cache_salt=cache_salt,
+            priority=priority,
         ),
     )
 
@@ -268,7 +278,8 @@ def usage(completion: Completion) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": output,
         "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": metrics.num_cached_tokens or 0},
+        # None when unknown (an external server that does not report it), never a made-up 0.
+        "prompt_tokens_details": {"cached_tokens": metrics.num_cached_tokens},
     }
 
 

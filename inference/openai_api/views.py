@@ -7,6 +7,11 @@ worker writes as it decodes (inference/completion_streams.py): the role chunk at
 keep-alive comments while the request waits or prefills, a chunk per piece of text as it is
 decoded, then the finish reason and the usage (with our `metrics` beside it). If the node never
 starts or its worker dies mid-way, the stream ends with an error event in OpenAI's shape.
+
+A client that leaves is told to the worker, which aborts the completion (its KV blocks freed):
+for a stream when the server closes its generator, for a plain request when Django cancels the
+view on the client's disconnect (both set the completion's cancel key, completion_streams.py).
+Each caller has a bounded number of completions in flight (in_flight.py): one more is a 429.
 """
 
 from __future__ import annotations
@@ -34,7 +39,13 @@ from inference.completion_streams import (
 )
 from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
-from inference.openai_api.guards import same_site_json
+from inference.openai_api.guards import api_key_required, same_site_json
+from inference.openai_api.in_flight import (
+    InFlightLimitError,
+    InFlightSlot,
+    in_flight_acquire,
+    in_flight_release,
+)
 from inference.openai_api.protocol import (
     ChatRequest,
     OpenAIError,
@@ -57,10 +68,15 @@ def _served_model() -> str:
 
 
 def _error(exc: OpenAIError) -> JsonResponse:
-    return JsonResponse(exc.body(), status=exc.status)
+    response = JsonResponse(exc.body(), status=exc.status)
+    if isinstance(exc, InFlightLimitError):
+        response["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
-def _send(request: ChatRequest, *, stream_key: str | None) -> tuple[str, Any]:
+def _send(
+    request: ChatRequest, *, stream_key: str | None, cancel_key: str | None = None
+) -> tuple[str, Any]:
     from inference.tasks import chat_completion
 
     try:
@@ -74,6 +90,7 @@ def _send(request: ChatRequest, *, stream_key: str | None) -> tuple[str, Any]:
         result = task_send(
             chat_completion,
             args=[request.completion_request.to_json(), stream_key],
+            kwargs={"cancel_key": cancel_key} if cancel_key is not None else {},
             queue=queue,
             expires=timeout_s,
         )
@@ -113,10 +130,14 @@ async def _wait(node: str, result: Any, *, deadline: float) -> Completion | None
     return None
 
 
-async def _answer(node: str, result: Any) -> Completion:
+async def _answer(node: str, result: Any, cancel_key: str) -> Completion:
     deadline = time.monotonic() + settings.OPENAI_API_TIMEOUT_S
-    while (answer := await _wait(node, result, deadline=deadline)) is None:
-        await asyncio.sleep(POLL_S)
+    try:
+        while (answer := await _wait(node, result, deadline=deadline)) is None:
+            await asyncio.sleep(POLL_S)
+    except asyncio.CancelledError:  # the client disconnected: Django cancels the view
+        await sync_to_async(stream_cancel, thread_sensitive=False)(cancel_key)
+        raise
     return answer
 
 
@@ -138,7 +159,17 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[str]:
+async def _stream(
+    request: ChatRequest, node: str, id_: str, slot: InFlightSlot | None = None
+) -> AsyncIterator[str]:
+    try:
+        async for part in _stream_parts(request, node, id_):
+            yield part
+    finally:
+        await in_flight_release(slot)
+
+
+async def _stream_parts(request: ChatRequest, node: str, id_: str) -> AsyncIterator[str]:
     created, model = int(time.time()), request.model
     yield _sse(
         chunk(id_=id_, model=model, created=created, delta={"role": "assistant", "content": ""})
@@ -182,39 +213,52 @@ async def _stream(request: ChatRequest, node: str, id_: str) -> AsyncIterator[st
 
 
 @csrf_exempt  # a JSON API for machine clients; what a browser could forge: same_site_json
+@api_key_required
 @same_site_json
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(OpenAIError("use POST", status=405, type_="invalid_request_error"))
     try:
         body = body_parse(request.body)
-        chat = chat_request_parse(body, served_model=_served_model())
-        salt = v1_cache_salt(
-            identity=await request_identity(request),
-            client_salt=chat.completion_request.cache_salt,
+        chat = chat_request_parse(
+            body, served_model=_served_model(), default_priority=settings.INFERENCE_PRIORITY_V1
         )
+        identity = await request_identity(request)
+        salt = v1_cache_salt(identity=identity, client_salt=chat.completion_request.cache_salt)
         chat = dataclasses.replace(
             chat,
             completion_request=dataclasses.replace(chat.completion_request, cache_salt=salt),
         )
         id_ = completion_id()
-        stream_key = completion_stream_key(id_) if chat.stream else None
-        node, result = await sync_to_async(_send, thread_sensitive=False)(
-            chat, stream_key=stream_key
-        )
+        slot = await in_flight_acquire(identity)
+    except OpenAIError as exc:
+        return _error(exc)
+    try:
         if chat.stream:
-            response = StreamingHttpResponse(
-                _stream(chat, node, id_), content_type="text/event-stream"
+            node, _ = await sync_to_async(_send, thread_sensitive=False)(
+                chat, stream_key=completion_stream_key(id_)
             )
+            response = StreamingHttpResponse(
+                _stream(chat, node, id_, slot), content_type="text/event-stream"
+            )
+            slot = None  # the stream gives it back when it ends
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"
             return response
-        completion = await _answer(node, result)
+        # No stream is written under this key: only its cancel key is used.
+        cancel_key = completion_stream_key(id_)
+        node, result = await sync_to_async(_send, thread_sensitive=False)(
+            chat, stream_key=None, cancel_key=cancel_key
+        )
+        completion = await _answer(node, result, cancel_key)
     except OpenAIError as exc:
         return _error(exc)
+    finally:
+        await in_flight_release(slot)
     return JsonResponse(chat_completion_body(id_=id_, model=chat.model, completion=completion))
 
 
+@api_key_required
 async def models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return _error(OpenAIError("use GET", status=405))

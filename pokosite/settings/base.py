@@ -5,13 +5,16 @@ REDIS_URL, DATABASE_URL, POKOMACHI_NODES, POKOMACHI_MODEL, POKOMACHI_DEVICE, POK
 POKOMACHI_SECRET_KEY, POKOMACHI_DEBUG, POKOMACHI_ALLOWED_HOSTS, POKOMACHI_LOG_LEVEL,
 POKOMACHI_VISIBILITY_TIMEOUT, POKOMACHI_DECISION_RESEND_S, POKOMACHI_ENGINE_WARMUP,
 POKOMACHI_RETENTION_INTERVAL, POKOMACHI_KV_DISK_DIR, POKOMACHI_KV_DISK_BYTES, POKOMACHI_KV_DISK_TTL,
-POKOMACHI_KV_HOST_BYTES, POKOMACHI_OPENAI_* (an external OpenAI-compatible server),
-POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, CF_ACCESS_* (Cloudflare Access, below). The
-launcher's own: pokosite/launcher.py. Both read them with pokosite/env.py.
+POKOMACHI_KV_HOST_BYTES, POKOMACHI_KV_KEY, POKOMACHI_OPENAI_* (an external OpenAI-compatible
+server), POKOMACHI_STREAM_*, POKOMACHI_STATS_INTERVAL, POKOMACHI_PRIORITY_*, POKOMACHI_API_KEYS,
+CF_ACCESS_* (Cloudflare Access, below). The launcher's own: pokosite/launcher.py. Both read
+them with pokosite/env.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 
 import dj_database_url
@@ -33,9 +36,8 @@ VAR_DIR = Path(env_str("POKOMACHI_VAR_DIR") or BASE_DIR / "var")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
-SECRET_KEY = env_str(
-    "POKOMACHI_SECRET_KEY", "django-insecure-local-only-set-POKOMACHI_SECRET_KEY-in-production"
-)
+_INSECURE_SECRET_KEY = "django-insecure-local-only-set-POKOMACHI_SECRET_KEY-in-production"
+SECRET_KEY = env_str("POKOMACHI_SECRET_KEY", _INSECURE_SECRET_KEY)
 DEBUG = env_bool("POKOMACHI_DEBUG", True)
 ALLOWED_HOSTS = env_list("POKOMACHI_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
@@ -191,6 +193,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # killed in between loses it and the broker never hands it back; a copy of a decision that was
 # only waiting in the queue is dropped when it arrives.
 TOWN_DECISION_RESEND_S = env_float("POKOMACHI_DECISION_RESEND_S", 60.0)
+# How long a tick waits for its nodes to compile its distinct decision schemas before sending
+# the decisions (town/simulation.py); past it, decisions compile what is still missing.
+TOWN_SCHEMA_WARM_S = env_float("POKOMACHI_SCHEMA_WARM_S", 60.0)
 
 # Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
 INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])
@@ -220,6 +225,12 @@ INFERENCE_ENGINE = {
 # one machine gives each worker its share of the cores.
 if env_str("POKOMACHI_TORCH_THREADS"):
     INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
+# JSON schemas compile in this many worker processes, killed past grammar_compile_timeout_s by
+# the clock (the worker's warm-up starts them); 0: in a thread of the worker's process, whose
+# compile past the deadline finishes unread. Tests (settings/test.py) keep 0.
+INFERENCE_ENGINE["grammar_compile_workers"] = env_int(
+    "POKOMACHI_GRAMMAR_COMPILE_WORKERS", 2, low=0, high=64
+)
 # The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
 if env_str("POKOMACHI_KV_BLOCKS"):
     INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
@@ -242,12 +253,30 @@ INFERENCE_ENGINE.update(
     kv_host_cache_bytes=env_int("POKOMACHI_KV_HOST_BYTES", 0, low=0, high=1 << 44),
     kv_tiers_where_supported=not env_str("POKOMACHI_KV_DISK_DIR", ""),
 )
+# The disk tier's files carry a MAC under this key (README "KV cache tiers", trust model); every
+# node sharing the directory needs the same one. POKOMACHI_KV_KEY, else one derived from a real
+# POKOMACHI_SECRET_KEY (at least 32 characters, not a placeholder; every node shares it already:
+# it derives the cache salts), else None: each engine then trusts only the files it wrote itself.
+# Kept out of INFERENCE_ENGINE, which errors and logs show; inference/runtime.py passes it on.
+INFERENCE_KV_DISK_KEY = env_str("POKOMACHI_KV_KEY", "") or None
+_is_real_secret = (
+    len(SECRET_KEY) >= 32 and "insecure" not in SECRET_KEY and "replace-with" not in SECRET_KEY
+)
+if INFERENCE_KV_DISK_KEY is None and _is_real_secret:
+    INFERENCE_KV_DISK_KEY = hmac.new(
+        SECRET_KEY.encode(), b"pokomachi kv disk tier", hashlib.sha256
+    ).hexdigest()
 # Load the engine when a worker starts, so the first decision does not wait for the model.
 INFERENCE_ENGINE_WARMUP = env_bool("POKOMACHI_ENGINE_WARMUP", True)
 # Per-request engine metrics are summed in Redis under this prefix; /metrics reads them.
 INFERENCE_METRICS_PREFIX = env_str("POKOMACHI_METRICS_PREFIX", "pokomachi:metrics")
 # How long /v1/chat/completions waits for its node to answer.
 OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
+# Completions one caller (Access identity, service token, user; all anonymous callers together)
+# may have in flight at once over /v1; one more is a 429 with Retry-After. 0: no limit.
+OPENAI_MAX_IN_FLIGHT_PER_IDENTITY = env_int(
+    "POKOMACHI_OPENAI_MAX_IN_FLIGHT", 16, low=0, high=100_000
+)
 # A streamed completion's worker sends a heartbeat every 2 s; silent this long means it died.
 OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 # Streamed completions' text travels from worker to web in Redis streams under this prefix.
@@ -271,6 +300,17 @@ INFERENCE_HEARTBEAT_PREFIXES = env_int("POKOMACHI_HEARTBEAT_PREFIXES", 256, low=
 INFERENCE_ROUTING_POLICY = env_str("POKOMACHI_ROUTING", "cache_aware")
 INFERENCE_ROUTING_BALANCE_ABS = env_int("POKOMACHI_ROUTING_BALANCE_ABS", 4, low=0, high=100_000)
 INFERENCE_ROUTING_BALANCE_REL = env_float("POKOMACHI_ROUTING_BALANCE_REL", 1.5)
+# The engine's scheduling classes (its priority, lower first, vLLM's policy): a /v1 call (unless
+# it names its own `priority`) and a decision asked for through the API go ahead of the tick
+# loop's decisions, so a script does not wait behind the town's batch.
+INFERENCE_PRIORITY_V1 = env_int("POKOMACHI_PRIORITY_V1", 0, low=-(2**31) + 1, high=2**31 - 1)
+INFERENCE_PRIORITY_REQUESTED = env_int(
+    "POKOMACHI_PRIORITY_REQUESTED", 0, low=-(2**31) + 1, high=2**31 - 1
+)
+INFERENCE_PRIORITY_TICK = env_int("POKOMACHI_PRIORITY_TICK", 1, low=-(2**31) + 1, high=2**31 - 1)
+# API keys /v1 requires (vLLM's --api-key), comma-separated: set, a request without one of them
+# as `Authorization: Bearer <key>` gets a 401; unset, /v1 reads no key (README, Security).
+OPENAI_API_KEYS = env_list("POKOMACHI_API_KEYS", [])
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
 # of our engine when base_url is set; the workers then load no model (inference/remote.py).
 INFERENCE_OPENAI = {

@@ -1,5 +1,7 @@
 "use strict";
-// Where the speech bubbles and thought clouds go: pure geometry, no DOM, no canvas.
+// Where the places' names, the speech bubbles and the thought clouds go: pure geometry, no DOM,
+// no canvas. The names first (placeLabels, at the end): each under its building unless a
+// resident's name is there, then over the roof or to a side. Then the boxes (placeBoxes):
 //
 // Each box is tried at candidate spots around its resident's head — above, to the sides,
 // below, then the same directions farther out — and takes the first spot, within the map,
@@ -106,5 +108,60 @@
     return best;
   }
 
-  window.TownLayout = { placeBoxes, overlaps };
+  // The spots a place's name may take around its building (b: the building's rectangle),
+  // nearest first: under it (where a reader looks first), over the roof, to either side, then
+  // the same a little farther out.
+  function labelCandidates(w, h, b) {
+    const cx = b.x + b.w / 2;
+    const middle = b.y + b.h / 2 - h / 2;
+    const spots = [];
+    for (const d of [0, 14, 28]) {
+      spots.push(
+        { x: cx - w / 2, y: b.y + b.h + 3 + d },
+        { x: cx - w / 2, y: b.y - 3 - h - d },
+        { x: b.x + b.w + 3 + d, y: middle },
+        { x: b.x - 3 - w - d, y: middle },
+        { x: cx + d, y: b.y + b.h + 3 },
+        { x: cx - w - d, y: b.y + b.h + 3 },
+      );
+    }
+    return spots;
+  }
+
+  /**
+   * Where the places' names go. items: [{id, w, h, building: rect}]; hard: rectangles no name
+   * may cover if any spot avoids them (the residents' names); soft: rectangles it would rather
+   * not cover (figures, other buildings), each with a weight. Names are placed in the order
+   * given, each avoiding the ones before. Each takes its first spot (labelCandidates) inside
+   * the map that covers nothing; else the one that covers least, a hard rectangle costing as
+   * much as a hundred soft ones. Returns Map id -> {x, y, w, h}.
+   */
+  function placeLabels(items, { hard, soft, bounds }) {
+    const placed = [];
+    const result = new Map();
+    for (const item of items) {
+      const { w, h } = item;
+      let best = null;
+      let bestCost = Infinity;
+      for (const spot of labelCandidates(w, h, item.building)) {
+        const rect = {
+          x: Math.min(Math.max(2, spot.x), bounds.w - w - 2),
+          y: Math.min(Math.max(2, spot.y), bounds.h - h - 2),
+          w,
+          h,
+        };
+        let cost = 0;
+        for (const r of hard) if (overlaps(rect, r, 1)) cost += 100;
+        for (const r of placed) if (overlaps(rect, r, 2)) cost += 100;
+        for (const r of soft) if (overlaps(rect, r)) cost += r.weight;
+        if (cost < bestCost) { best = rect; bestCost = cost; }
+        if (cost === 0) break;
+      }
+      placed.push(best);
+      result.set(item.id, best);
+    }
+    return result;
+  }
+
+  window.TownLayout = { placeBoxes, placeLabels, overlaps };
 })();

@@ -20,6 +20,7 @@
     closes: [], // {code, seq} of every socket that closed, for the test and for debugging
     gaps: 0, // events that came out of order (never, with our consumer)
     thinkingEvents: 0,
+    answeredEvents: 0,
     held: false,
     ws: null,
   };
@@ -73,14 +74,17 @@
     view.seq = s.seq;
     view.run = s.run;
     view.places = new Map(s.places.map((p) => [p.id, p]));
-    const residents = s.residents.map(panel.residentView);
+    const residents = s.residents.map((r) => ({ ...panel.residentView(r), latest: r.latest_decision }));
     view.residents = new Map(residents.map((r) => [r.id, r]));
     map.setPlaces(s.places);
     map.setResidents(residents);
+    for (const r of residents) if (r.latest && !r.thinking) map.say(r.id, panel.saidText(r.latest));
     panel.feedReset(s.feed.map((e) => ({ d: e.data, seq: e.seq })));
     panel.renderStats({
       status: s.run.status, numTicksDone: s.run.num_ticks_done, clock: s.clock, summary: s.summary,
     });
+    showControls(s.run.status);
+    renderLatest();
     panel.note("");
     if (view.selectedId === null && s.residents.length) select(s.residents[0].id);
     else refreshSelected();
@@ -94,24 +98,28 @@
       case "run.state":
         view.run = { ...view.run, ...data };
         panel.renderStats({ status: data.status, numTicksDone: data.num_ticks_done });
+        showControls(data.status);
         break;
       case "decision.started":
         view.thinkingEvents += 1;
         if (resident) resident.thinking = true;
         map.setThinking(residentId, true);
+        renderLatest();
         if (residentId === view.selectedId) refreshSelected();
         break;
-      case "decision.applied": {
-        if (resident) resident.thinking = false;
+      // The resident has decided (answered, before the tick applies it), then the tick has
+      // applied it: the same words on the map and one line in the feed, updated. A fallback
+      // (the town could not carry the answer out) is not the resident's words.
+      case "decision.answered":
+      case "decision.applied":
+        if (kind === "decision.answered") view.answeredEvents += 1;
+        if (resident) Object.assign(resident, { thinking: false, latest: data });
         map.setThinking(residentId, false);
-        // A fallback (the town could not carry the answer out) is not the resident's words.
-        const said = data.valid === false
-          ? "(stays put)"
-          : data.reason || (data.action ? `${data.action} ${data.target}` : data.error);
-        map.say(residentId, said);
+        map.say(residentId, panel.saidText(data));
         panel.feedAdd(data, seq);
+        renderLatest();
+        if (residentId === view.selectedId) refreshSelected();
         break;
-      }
       case "resident.moved":
         if (resident) resident.place_id = data.to_place_id;
         map.moveResident(data.resident_id, data.to_place_id);
@@ -138,8 +146,23 @@
   async function select(id) {
     view.selectedId = id;
     map.select(id);
+    renderLatest();
     await refreshSelected();
   }
+
+  function renderLatest() {
+    panel.renderLatest([...view.residents.values()], view.selectedId);
+  }
+
+  function showControls(status) {
+    if (config.controlStatuses) panel.showControls(status, config.controlStatuses);
+  }
+
+  const latest = document.getElementById("latest");
+  latest.addEventListener("click", (event) => {
+    const item = event.target.closest("[data-resident-id]");
+    if (item) select(Number(item.dataset.residentId));
+  });
 
   async function refreshSelected() {
     const id = view.selectedId;

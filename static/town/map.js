@@ -1,7 +1,9 @@
 "use strict";
 // The town map: on a canvas, places as buildings (closed ones dimmed) and residents as figures
 // that walk between them; over it (overlay.js) the places' names and the residents' speech
-// bubbles and thought clouds, laid out so that none hides a name or another (layout.js).
+// bubbles and thought clouds, laid out so that no place's name covers a resident's name and
+// no bubble hides a place's name or another bubble (layout.js). Each resident's last words
+// stay up until its next decision: fresh for BUBBLE_MS, then quieter.
 // Drawing only: live.js and replay.js say what changed. Map coordinates are the places' x, y
 // (0..100).
 (function () {
@@ -14,7 +16,8 @@
     "#c73e1d", "#1b998b", "#ff5d8f", "#4361ee", "#8d6a9f", "#2a9d8f"];
   const WALK_MS = 1800;
   const SHIFT_MS = 500;
-  const BUBBLE_MS = 8000;
+  const BUBBLE_MS = 8000; // how long a resident's new words stand out before they go quiet
+  const NAME_FONT_PX = 10;
 
   const ease = (t) => (t < 0.5 ? 2 * t * t : 1 - Math.pow(-2 * t + 2, 2) / 2);
 
@@ -26,7 +29,8 @@
       this.places = new Map(); // id -> place
       this.residents = new Map(); // id -> figure
       this.selectedId = null;
-      this.bubbleMs = BUBBLE_MS; // how long a bubble stays up (the browser test holds them)
+      this.bubbleMs = BUBBLE_MS; // how long a bubble stays fresh (the browser test holds them)
+      this.nameWidths = new Map(); // first name -> its width in the names' font
       this.overlay = new window.TownOverlay(canvas.parentElement);
       // What the last frame drew, for the browser test and for debugging.
       this.stats = {
@@ -88,16 +92,47 @@
       this.placeLabels();
     }
 
-    // Each place's name (and Japanese name, or its hours when closed) under its building.
+    // Each place's name (and Japanese name, or its hours when closed), near its building.
     placeLabels() {
       if (!this.overlay) return; // resize() from the constructor, before there is one
-      const { w, h } = this.buildingSize();
+      const { w } = this.buildingSize();
       const labels = [...this.places.values()].map((place) => {
-        const c = this.toCanvas(place.x, place.y);
         const sub = place.is_open ? place.name_ja || "" : `closed · ${place.hours || ""}`;
-        return { id: place.id, name: place.name, sub, x: c.x, y: c.y + h / 2 + 3, open: place.is_open };
+        return { id: place.id, name: place.name, sub, open: place.is_open };
       });
-      this.overlay.setLabels(labels, Math.round(Math.max(10, Math.min(13, w / 5))));
+      this.labelSizes = this.overlay.setLabels(labels, Math.round(Math.max(10, Math.min(13, w / 5))));
+      this.arrangeLabels();
+    }
+
+    // The building's rectangle, roof included.
+    buildingRect(place) {
+      const c = this.toCanvas(place.x, place.y);
+      const { w, h } = this.buildingSize();
+      return { x: c.x - w / 2 - 4, y: c.y - h / 2 - h * 0.55, w: w + 8, h: h * 1.55 };
+    }
+
+    // Where the names go, given where everyone stands (or is walking to): no name over a
+    // resident's name, nor over another name; under the building where there is room.
+    arrangeLabels() {
+      if (!this.labelSizes) return;
+      const items = [];
+      for (const place of this.places.values()) {
+        const size = this.labelSizes.get(place.id);
+        if (size) items.push({ id: place.id, ...size, building: this.buildingRect(place) });
+      }
+      const hard = [];
+      const soft = [];
+      for (const figure of this.residents.values()) {
+        if (figure.toX === undefined) continue;
+        const p = { x: figure.toX, y: figure.toY, moving: false };
+        hard.push(this.nameRect(figure, p));
+        soft.push({ ...this.figureBox(figure, p).rect, weight: 2 });
+      }
+      for (const place of this.places.values()) soft.push({ ...this.buildingRect(place), weight: 1 });
+      const spots = window.TownLayout.placeLabels(items, {
+        hard, soft, bounds: { w: this.width, h: this.height },
+      });
+      this.overlay.positionLabels(spots);
     }
 
     setResidents(residents) {
@@ -112,7 +147,7 @@
           placeId: r.place_id,
           thinking: !!r.thinking,
           color: FIGURE_COLORS[r.id % FIGURE_COLORS.length],
-          bubble: old ? old.bubble : null,
+          said: old ? old.said : null,
         });
       }
       this.layout(false);
@@ -123,9 +158,12 @@
       if (figure) figure.thinking = thinking;
     }
 
+    // The resident's newest words: up until its next ones (fresh for bubbleMs, then quiet).
+    // The same words again (the tick applying what the resident had decided) are not new.
     say(id, text) {
       const figure = this.residents.get(id);
-      if (figure && text) figure.bubble = { text: String(text), t0: performance.now() };
+      if (!figure || !text || (figure.said && figure.said.text === String(text))) return;
+      figure.said = { text: String(text), t0: performance.now() };
     }
 
     moveResident(id, placeId) {
@@ -180,6 +218,7 @@
         figure.t0 = now;
         figure.duration = figure.id === walkerId ? WALK_MS : SHIFT_MS;
       }
+      this.arrangeLabels();
     }
 
     position(figure, now) {
@@ -257,27 +296,43 @@
     // The figure's radius, the rectangle it covers (head to name) and the anchor its bubble
     // is placed around.
     figureBox(figure, p) {
-      const r = Math.max(4.5, Math.min(7, this.scale * 1.1));
+      const r = this.figureRadius();
       const top = p.y - r * 3;
       const bottom = p.y + r * 1.3 + (p.moving ? 0 : (figure.slot % 3) * 10) + 11;
       return { r, anchor: { hx: p.x, top, bottom }, rect: { x: p.x - 14, y: top, w: 28, h: bottom - top } };
+    }
+
+    figureRadius() {
+      return Math.max(4.5, Math.min(7, this.scale * 1.1));
+    }
+
+    // The box of the resident's first name under its feet, as drawFigure writes it (bold, the
+    // wider of its two weights, with the halo), in map pixels.
+    nameRect(figure, p) {
+      const name = figure.name.split(" ")[0];
+      let width = this.nameWidths.get(name);
+      if (width === undefined) {
+        this.ctx.save();
+        this.ctx.font = `700 ${NAME_FONT_PX}px system-ui, sans-serif`;
+        width = this.ctx.measureText(name).width;
+        this.ctx.restore();
+        this.nameWidths.set(name, width);
+      }
+      const y = p.y + this.figureRadius() * 1.3 + (p.moving ? 0 : (figure.slot % 3) * 10);
+      return { x: p.x - width / 2 - 1.5, y: y - 1.5, w: width + 3, h: NAME_FONT_PX + 3 };
     }
 
     // What a bubble should rather not cover: the residents, then (given up first when room is
     // short) the buildings.
     softObstacles(positions) {
       const figures = positions.map(([figure, p]) => ({ ...this.figureBox(figure, p).rect, weight: 1 }));
-      const { w, h } = this.buildingSize();
-      const buildings = [...this.places.values()].map((place) => {
-        const c = this.toCanvas(place.x, place.y);
-        return { x: c.x - w / 2 - 4, y: c.y - h / 2 - h * 0.55, w: w + 8, h: h * 1.55, weight: 1 };
-      });
+      const buildings = [...this.places.values()].map((place) => ({ ...this.buildingRect(place), weight: 1 }));
       return [figures, buildings];
     }
 
     // Who has something to show, most important first: the selected resident, then whoever
-    // is thinking (a decision is out), then the speech bubbles, newest first. A thinking
-    // resident shows the cloud, not their last words.
+    // is thinking (a decision is out), then the fresh words, newest first, then the quiet
+    // ones. A thinking resident shows the cloud, not their last words.
     boxItems(positions, now) {
       const items = [];
       for (const [figure, p] of positions) {
@@ -286,12 +341,11 @@
           items.push({ ...base, kind: "thought", text: "", rank: 1, t0: 0 });
           continue;
         }
-        if (!figure.bubble) continue;
-        const age = now - figure.bubble.t0;
-        if (age > this.bubbleMs) { figure.bubble = null; continue; }
-        const fading = this.bubbleMs - age < 1000;
-        const opacity = fading ? Math.round((this.bubbleMs - age) / 100) / 10 : 1;
-        items.push({ ...base, kind: "bubble", text: figure.bubble.text, opacity, rank: 2, t0: figure.bubble.t0 });
+        if (!figure.said) continue;
+        const quiet = now - figure.said.t0 > this.bubbleMs;
+        items.push({
+          ...base, kind: "bubble", text: figure.said.text, quiet, rank: quiet ? 3 : 2, t0: figure.said.t0,
+        });
       }
       for (const item of items) if (item.id === this.selectedId) item.rank = 0;
       return items.sort((a, b) => a.rank - b.rank || b.t0 - a.t0 || a.id - b.id);
@@ -355,7 +409,7 @@
     }
 
     drawFigure(ctx, figure, p, now) {
-      const r = Math.max(4.5, Math.min(7, this.scale * 1.1));
+      const r = this.figureRadius();
       const selected = figure.id === this.selectedId;
       const step = p.moving ? Math.sin(now / 90) * r * 0.6 : 0;
       ctx.save();
@@ -385,10 +439,9 @@
       }
       // Names take turns on three lines, so neighbours in a row do not overwrite each other
       // even on a phone; a light halo keeps a name legible over a roof or a street.
-      const stagger = p.moving ? 0 : (figure.slot % 3) * 10;
       const name = figure.name.split(" ")[0];
-      const y = p.y + r * 1.3 + stagger;
-      ctx.font = `${selected ? 700 : 500} 10px system-ui, sans-serif`;
+      const y = this.nameRect(figure, p).y + 1.5;
+      ctx.font = `${selected ? 700 : 500} ${NAME_FONT_PX}px system-ui, sans-serif`;
       ctx.textAlign = "center";
       ctx.textBaseline = "top";
       ctx.lineJoin = "round";

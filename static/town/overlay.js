@@ -22,12 +22,14 @@
       this.boxes = new Map(); // resident id -> {node, kind, text, w, h, previous}
     }
 
-    // Places' names under their buildings. labels: [{id, name, sub, x, y, open}] with (x, y)
-    // the top centre of the label in map pixels; fontPx follows the buildings' size.
+    // Places' names. labels: [{id, name, sub, open}]; fontPx follows the buildings' size.
+    // Returns Map id -> {w, h}, each label's size, for the map to find it a spot
+    // (placeLabels).
     setLabels(labels, fontPx) {
       this.root.style.setProperty("--label-px", `${fontPx}px`);
       const keep = new Set(labels.map((l) => l.id));
       for (const [id, node] of this.labels) if (!keep.has(id)) { node.remove(); this.labels.delete(id); }
+      const sizes = new Map();
       for (const label of labels) {
         let node = this.labels.get(label.id);
         if (!node) {
@@ -40,8 +42,20 @@
         node.classList.toggle("closed", !label.open);
         node.firstChild.textContent = label.name;
         node.lastChild.textContent = label.sub;
-        node.style.left = `${label.x}px`;
-        node.style.top = `${label.y}px`;
+      }
+      for (const [id, node] of this.labels) {
+        sizes.set(id, { w: Math.ceil(node.offsetWidth), h: Math.ceil(node.offsetHeight) });
+      }
+      return sizes;
+    }
+
+    // Each label's top left corner, in map pixels: spots = Map id -> {x, y}.
+    positionLabels(spots) {
+      for (const [id, node] of this.labels) {
+        const at = spots.get(id);
+        if (!at) continue;
+        node.style.left = `${Math.round(at.x)}px`;
+        node.style.top = `${Math.round(at.y)}px`;
       }
       this.measureLabels();
     }
@@ -94,7 +108,7 @@
     }
 
     /**
-     * Show this frame's boxes. items: [{id, kind: "bubble"|"thought", text, color, opacity,
+     * Show this frame's boxes. items: [{id, kind: "bubble"|"thought", text, color, quiet,
      * anchor}] most important first (see layout.js for anchor); soft: lists of rectangles
      * to keep clear if possible (layout.js); bounds: {w, h}. Returns Map id -> the rectangle
      * each box got.
@@ -115,8 +129,11 @@
         if (!at) continue;
         const transform = `translate(${Math.round(at.x)}px, ${Math.round(at.y)}px)`;
         if (box.node.style.transform !== transform) box.node.style.transform = transform;
-        const opacity = String(item.opacity ?? 1);
-        if (box.node.style.opacity !== opacity) box.node.style.opacity = opacity;
+        // Words said a while ago stay, quieter (town.css), until the resident's next ones.
+        if ((box.node.dataset.quiet === "1") !== !!item.quiet) {
+          if (item.quiet) box.node.dataset.quiet = "1";
+          else delete box.node.dataset.quiet;
+        }
       }
       return placed;
     }

@@ -1,6 +1,7 @@
 "use strict";
-// The side panel and header: the selected resident, the decision feed, the run's live numbers.
-// Plain DOM; every text goes in through textContent.
+// The side panel and header: the selected resident, the decision feed (each decision as soon as
+// it is answered, then as applied), everyone's latest decision, the run's live numbers, the
+// staff's buttons. Plain DOM; every text goes in through textContent.
 (function () {
   const $ = (id) => document.getElementById(id);
 
@@ -29,8 +30,17 @@
 
   function actionText(d) {
     if (isFallback(d)) return "stays put (fallback)";
-    if (!d.action) return `(${d.status})`;
+    if (!d.action) return `(${d.status.replace("_", " ")})`;
     return d.target ? `${d.action} → ${d.target}` : d.action;
+  }
+
+  // Answered, not applied yet: the tick applies every answer together when the last is in.
+  const isDecided = (d) => d.status === "computed";
+
+  // What the resident says on the map: its reason; the same words as the feed's.
+  function saidText(d) {
+    if (isFallback(d) || !d.action) return "(stays put)";
+    return d.reason || `${d.action} ${d.target}`;
   }
 
   function errorText(d) {
@@ -59,17 +69,24 @@
   }
 
   function feedItem(d, seq) {
+    const decided = isDecided(d);
     const item = el(
       "li",
-      { class: `feed-item${d.valid === false ? " invalid" : ""}`, "data-seq": seq ?? "" },
+      {
+        class: `feed-item${d.valid === false ? " invalid" : ""}${decided ? " decided" : ""}`,
+        "data-seq": seq ?? "",
+      },
       el("div", { class: "feed-head" },
-        el("b", {}, d.resident_name), " ", el("span", { class: "act" }, actionText(d)),
+        el("b", {}, d.resident_name), " ",
+        el("span", { class: "act" }, decided ? `has decided: ${actionText(d)}` : actionText(d)),
         el("span", { class: "tick" }, `tick ${d.tick_index}`)),
       d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null,
       d.error ? el("div", { class: "error" }, errorText(d)) : null,
-      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`),
+      el("div", { class: "nums" }, `${tokens(d)} · ${seconds(d.app_e2e_s)}`,
+        decided ? " · applied when the tick's last answer is in" : ""),
     );
     item.dataset.residentId = d.resident;
+    if (d.id !== undefined) item.dataset.decisionId = d.id;
     return item;
   }
 
@@ -78,9 +95,18 @@
     $("feed-empty").hidden = $("feed").children.length > 0;
   }
 
+  // One line per decision: a decision answered earlier is updated where it is when the tick
+  // applies it; a new one goes on top.
+  function feedPut(feed, d, seq) {
+    const item = feedItem(d, seq);
+    const old = d.id === undefined ? null : feed.querySelector(`[data-decision-id="${d.id}"]`);
+    if (old) old.replaceWith(item);
+    else feed.prepend(item);
+  }
+
   function feedAdd(d, seq, max = 60) {
     const feed = $("feed");
-    feed.prepend(feedItem(d, seq));
+    feedPut(feed, d, seq);
     while (feed.children.length > max) feed.lastChild.remove();
     feedEmptyNote();
   }
@@ -88,8 +114,35 @@
   function feedReset(items) {
     const feed = $("feed");
     feed.replaceChildren();
-    for (const { d, seq } of items) feed.prepend(feedItem(d, seq));
+    for (const { d, seq } of items) feedPut(feed, d, seq);
     feedEmptyNote();
+  }
+
+  // Everyone's latest decision, one line each, until their next: what the map's bubbles say,
+  // readable here when a phone's map has no room for them all. residents: [{id, name,
+  // thinking, latest}] in the town's order; a click on a line selects that resident.
+  function renderLatest(residents, selectedId) {
+    const list = $("latest");
+    if (!list) return;
+    list.replaceChildren(...residents.map((r) => {
+      const d = r.latest;
+      const what = r.thinking ? "thinking…" : d ? actionText(d) : "no decision yet";
+      const item = el("li", { class: `latest-item${r.id === selectedId ? " selected" : ""}` },
+        el("div", { class: "feed-head" },
+          el("b", {}, r.name.split(" ")[0]), " ", el("span", { class: "act" }, what),
+          d ? el("span", { class: "tick" }, `tick ${d.tick_index}`) : null),
+        d && d.reason ? el("div", { class: "reason" }, `“${d.reason}”`) : null);
+      item.dataset.residentId = r.id;
+      return item;
+    }));
+  }
+
+  // The staff's buttons: only those the run's status allows (statuses: control -> the
+  // statuses it acts on, the server's rule: services.run_control_statuses).
+  function showControls(status, statuses) {
+    for (const button of document.querySelectorAll("#controls [data-control]")) {
+      button.hidden = !(statuses[button.dataset.control] || []).includes(status);
+    }
   }
 
   function bar(label, value, max, cls) {
@@ -140,7 +193,22 @@
     node.textContent = text || "";
   }
 
+  // The feed panel's two tabs: every decision as it comes, or everyone's latest.
+  function tabsInit() {
+    const tabs = [...document.querySelectorAll("#feed-panel [role=tab]")];
+    for (const tab of tabs) {
+      tab.addEventListener("click", () => {
+        for (const other of tabs) {
+          other.setAttribute("aria-selected", String(other === tab));
+          $(other.getAttribute("aria-controls")).hidden = other !== tab;
+        }
+      });
+    }
+  }
+  tabsInit();
+
   window.TownPanel = {
     renderStats, setConnection, feedAdd, feedReset, renderResident, residentView, note,
+    renderLatest, saidText, showControls,
   };
 })();

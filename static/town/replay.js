@@ -10,7 +10,7 @@
   const slider = document.getElementById("frame");
   const label = document.getElementById("frame-label");
   const playButton = document.getElementById("play");
-  const replay = { data: null, frame: -1, selectedId: null, playing: null, map };
+  const replay = { data: null, frame: -1, selectedId: null, playing: null, map, latest: new Map() };
   window.townReplay = replay;
   const FRAME_MS = 2500;
 
@@ -48,9 +48,12 @@
         ...r, place_id: (frame.states[String(r.id)] || {}).place_id ?? r.home,
       })));
     }
-    for (const d of frame.decisions) map.say(d.resident, d.reason || `${d.action} ${d.target}`);
+    for (const d of frame.decisions) map.say(d.resident, panel.saidText(d));
     const done = frames.slice(0, index).flatMap((f) => f.decisions);
-    panel.feedReset([...done, ...frame.decisions].map((d) => ({ d, seq: null })).slice(-60));
+    const shown = [...done, ...frame.decisions];
+    panel.feedReset(shown.map((d) => ({ d, seq: null })).slice(-60));
+    replay.latest = new Map(shown.map((d) => [d.resident, d])); // the newest of each wins
+    renderLatest();
     panel.renderStats({ numTicksDone: frame.tick_index, clock: frame.clock, summary: summarize(done) });
     if (replay.selectedId !== null) renderSelected();
   }
@@ -73,8 +76,19 @@
   function select(id) {
     replay.selectedId = id;
     map.select(id);
+    renderLatest();
     renderSelected();
   }
+
+  function renderLatest() {
+    const residents = replay.data.residents.map((r) => ({ ...r, latest: replay.latest.get(r.id) }));
+    panel.renderLatest(residents, replay.selectedId);
+  }
+
+  document.getElementById("latest").addEventListener("click", (event) => {
+    const item = event.target.closest("[data-resident-id]");
+    if (item) select(Number(item.dataset.residentId));
+  });
 
   function renderSelected() {
     const frame = replay.data.frames[replay.frame];

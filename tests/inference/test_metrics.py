@@ -92,7 +92,9 @@ def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
     assert s["vllm:request_prefill_time_seconds_sum"][model] == pytest.approx(1.4)
 
 
-def test_redis_down_costs_a_warning_not_a_completion(settings, caplog, metrics_prefix):
+def test_redis_down_costs_a_warning_not_a_completion(settings, caplog, metrics_prefix, monkeypatch):
+    # The failure pauses the process's recording; no pause here, so later tests record.
+    monkeypatch.setattr("inference.metrics.PAUSE_AFTER_FAILURE_S", 0.0)
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")  # does not raise
     assert "metrics not recorded" in caplog.text
@@ -224,3 +226,16 @@ def test_head_answers_like_get_without_a_body(metrics_prefix):
     assert head["Content-Type"] == get["Content-Type"]
     assert int(head["Content-Length"]) > 0 and head.content == b""
     assert Client().post("/metrics").status_code == 405
+
+
+def test_grammar_compile_time_is_its_own_histogram(metrics_prefix):
+    # issue 33, item 6: compile apart from queue / prefill / decode; a request without a
+    # schema time (an external server's) adds nothing.
+    metrics_record(model=MODEL, metrics=_request(grammar_compile_s=3.5), finish_reason="stop")
+    metrics_record(model=MODEL, metrics=_request(grammar_compile_s=0.0), finish_reason="stop")
+    metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")
+    s = _scrape()
+    model = (("model_name", MODEL),)
+    assert s["pokomachi:request_grammar_compile_seconds_sum"][model] == 3.5
+    assert s["pokomachi:request_grammar_compile_seconds_count"][model] == 2
+    assert s["vllm:request_queue_time_seconds_count"][model] == 3

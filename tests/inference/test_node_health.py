@@ -113,7 +113,8 @@ def test_the_admin_node_page_shows_up_and_down(admin_client, nodes_heard):
     page = admin_client.get("/admin/nodes/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert f"<td>{up}</td>" in html and f"<td>{down}</td>" in html
+    assert f'<td data-label="node">{up}</td>' in html
+    assert f'<td data-label="node">{down}</td>' in html
     assert html.count("pk-node-up") == 1 and html.count("pk-node-down") == 1
     assert f"{up}@h" in html and "s ago" in html
 

@@ -16,6 +16,16 @@ def test_engine_config_comes_from_settings(settings):
     assert (config.model, config.device, config.max_num_seqs) == ("smollm2-tiny-random", "cpu", 4)
 
 
+def test_the_kv_disk_key_reaches_the_engine_and_no_error_shows_it(settings):
+    settings.INFERENCE_ENGINE = {"model": "smollm2-tiny-random", "kv_disk_cache_dir": "/tmp/kv"}
+    settings.INFERENCE_KV_DISK_KEY = "a deployment secret, 32 chars.."
+    assert engine_config_from_settings().cache.disk_cache_key == b"a deployment secret, 32 chars.."
+    settings.INFERENCE_KV_DISK_KEY = "tiny-key"
+    with pytest.raises(ImproperlyConfigured, match="kv_disk_cache_key must be") as caught:
+        engine_config_from_settings()
+    assert "tiny-key" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("engine_settings", "message"),
     [

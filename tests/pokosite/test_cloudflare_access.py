@@ -5,6 +5,7 @@ own pokosite.asgi.application)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -597,3 +598,59 @@ def test_half_set_access_refuses_to_start(tmp_path):
     )
     assert result.returncode != 0
     assert "set both CF_ACCESS_TEAM_DOMAIN and CF_ACCESS_AUD" in result.stderr
+
+
+# --- static files and unrouted WebSocket paths (issue 33, item 5) --------------------------
+
+
+def _http_get(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    """(status, body) of a GET through the ASGI application."""
+    sent: list[dict] = []
+    requests = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        while not sent or sent[-1].get("more_body", False):  # the client stays till the end
+            await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": headers, "scheme": "http", "http_version": "1.1",
+             "server": ("testserver", 80), "client": ("127.0.0.1", 1234)}  # fmt: skip
+    async_to_sync(app)(scope, receive, send)
+    (start,) = [m for m in sent if m["type"] == "http.response.start"]
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], body
+
+
+@pytest.mark.django_db(transaction=True)  # the check runs in a thread: its own connection
+def test_static_files_need_an_access_token_like_the_pages(access_on, refusals):
+    # daphne serves /static/ before Django's middleware: the handler itself asks Access.
+    status, body = _http_get(asgi_application, "/static/town/town.css", [])
+    assert status == 403 and b"Cloudflare Access" in body
+    assert refusals[-1].getMessage().startswith("Access refused GET /static/town/town.css")
+    status, body = _http_get(
+        asgi_application,
+        "/static/town/town.css",
+        [(b"cf-access-jwt-assertion", token().encode())],
+    )
+    assert status == 200 and body == (REPO_ROOT / "static/town/town.css").read_bytes()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_access_static_files_stay_open(settings):
+    settings.CF_ACCESS_TEAM_DOMAIN = settings.CF_ACCESS_AUD = ""
+    assert _http_get(asgi_application, "/static/town/town.css", [])[0] == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_websocket_path_no_route_matches_is_closed_with_4404(access_on):
+    origin = (b"origin", b"http://localhost")
+    headers = [origin, (b"cf-access-jwt-assertion", token().encode())]
+    # 24 digits: past the id converter, so no route matches (was a 500 and a traceback).
+    connected, code, _ = ws_connect(asgi_application, f"/ws/runs/{10**23}/", headers)
+    assert (connected, code) == (False, 4404)

@@ -36,6 +36,7 @@ print(json.dumps({
     "channel_hosts": s.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"],
     "INFERENCE_NODES": s.INFERENCE_NODES,
     "INFERENCE_ENGINE": s.INFERENCE_ENGINE,
+    "INFERENCE_KV_DISK_KEY": s.INFERENCE_KV_DISK_KEY,
     "INFERENCE_OPENAI": s.INFERENCE_OPENAI,
     "DEBUG": s.DEBUG,
     "LAUNCHER_CREATES_SUPERUSER": s.LAUNCHER_CREATES_SUPERUSER,
@@ -49,7 +50,7 @@ _ENV_NAMES = (
     "POKOMACHI_DEBUG", "DJANGO_SETTINGS_MODULE", "POKOMACHI_OPENAI_BASE_URL",
     "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
     "CF_ACCESS_TEAM_DOMAIN", "CF_ACCESS_AUD", "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS",
-    "POKOMACHI_HSTS_SECONDS", "POKOMACHI_WEIGHTS",
+    "POKOMACHI_HSTS_SECONDS", "POKOMACHI_WEIGHTS", "POKOMACHI_KV_KEY",
 )  # fmt: skip
 
 
@@ -105,6 +106,8 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "weights": "auto",
         "kv_cache_dtype": "bfloat16",  # 98% of fp32's decisions, half the bytes
         "prefill_chunk_while_decoding": 256,
+        # compiles in worker processes, killed past their deadline (issue 33)
+        "grammar_compile_workers": 2,
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
 
@@ -114,6 +117,24 @@ def test_the_kv_disk_tier_can_be_turned_off(tmp_path):
         "pokosite.settings.base", POKOMACHI_VAR_DIR=str(tmp_path), POKOMACHI_KV_DISK_DIR="off"
     )
     assert dumped["INFERENCE_ENGINE"]["kv_disk_cache_dir"] is None
+
+
+def test_the_kv_disk_key_comes_from_its_variable_or_a_real_secret_key(
+    tmp_path,
+):
+    base = dict(POKOMACHI_VAR_DIR=str(tmp_path))
+    secret = "s" * 40
+    # The placeholder (make run without a secret): none; each engine trusts only its own files.
+    assert settings_dump("pokosite.settings.base", **base)["INFERENCE_KV_DISK_KEY"] is None
+    derived = settings_dump("pokosite.settings.base", **base, POKOMACHI_SECRET_KEY=secret)
+    again = settings_dump("pokosite.settings.base", **base, POKOMACHI_SECRET_KEY=secret)
+    key = derived["INFERENCE_KV_DISK_KEY"]
+    assert key == again["INFERENCE_KV_DISK_KEY"] and len(key) == 64 and secret not in key
+    assert "kv_disk_cache_key" not in derived["INFERENCE_ENGINE"]
+    explicit = settings_dump(
+        "pokosite.settings.base", **base, POKOMACHI_SECRET_KEY=secret, POKOMACHI_KV_KEY="k" * 32
+    )
+    assert explicit["INFERENCE_KV_DISK_KEY"] == "k" * 32
 
 
 def test_base_reads_the_environment(tmp_path):
@@ -154,6 +175,7 @@ def test_base_reads_the_environment(tmp_path):
         "weights": "fp32",
         "kv_cache_dtype": "auto",
         "prefill_chunk_while_decoding": 256,
+        "grammar_compile_workers": 2,
     }
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False

@@ -11,7 +11,8 @@ off_loop(fn, **kwargs)
     where Django refuses ORM calls.
 GatedSend, TickInBackground
     one tick of a run on another thread, optionally held with its first decisions sent but not
-    computed, so the page can be looked at mid-tick.
+    computed (or some of them computed: GatedSend.release), so the page can be looked at
+    mid-tick.
 """
 
 from __future__ import annotations
@@ -153,6 +154,13 @@ class GatedSend:
                 self._held.append((decision_id, node, send))
                 return
         self.inline(decision_id, node, send)
+
+    def release(self, num: int) -> None:
+        """Compute the first `num` decisions held so far; the gate stays shut for the rest."""
+        with self._lock:
+            released, self._held = self._held[:num], self._held[num:]
+        for args in released:
+            self.inline(*args)
 
     def open(self) -> None:
         with self._lock:

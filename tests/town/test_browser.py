@@ -120,7 +120,9 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     assert sorted(feed.nth(i).get_attribute("data-seq") for i in range(10)) == sorted(
         str(e.seq) for e in applied
     )
-    first = applied[0].data  # the feed is newest first
+    # The feed is newest first, one line per decision in the order they were answered (each
+    # updated in place when the tick applied it).
+    first = off_loop(_events, run=run, kind="decision.answered")[0].data
     assert feed.nth(9).locator("b").inner_text() == first["resident_name"]
     moved = off_loop(_events, run=run, kind="resident.moved")
     assert moved, "nobody moved in the first tick; the test needs a walk to watch"
@@ -261,18 +263,34 @@ def test_staff_buttons_control_the_run_and_the_page_follows(web_server, browser)
     page = context.new_page()
     page.goto(f"{web_server}/runs/{run.pk}/")
     page.wait_for_function("window.townView && townView.snapshots === 1", timeout=30_000)
-    for control, status, seq in [("start", "running", 1), ("pause", "paused", 2)]:
+
+    def shown() -> list[str]:
+        buttons = page.locator("#controls button:visible")
+        return [buttons.nth(i).get_attribute("data-control") for i in range(buttons.count())]
+
+    # Only the buttons the run's status allows, by the admin's rule, as the status changes.
+    assert shown() == off_loop(services.run_controls_available, run=run) == [
+        "start", "step", "stop",
+    ]  # fmt: skip
+    for control, status, seq, buttons in [
+        ("start", "running", 1, ["pause", "stop"]),
+        ("pause", "paused", 2, ["resume", "step", "stop"]),
+    ]:
         page.locator(f'button[data-control="{control}"]').click()
         _wait_seq(page, seq)
         assert page.locator("#stat-status").inner_text() == status
+        assert shown() == buttons, (control, shown())
     page.locator('button[data-control="step"]').click()
     _wait_seq(page, 3)
     run = off_loop(lambda: Run.objects.get(pk=run.pk))
     assert (run.status, run.num_steps_pending) == ("paused", 1)
-    page.locator('button[data-control="start"]').click()  # a paused run is resumed, not started
+    # A paused run is resumed, not started: the hidden button, pressed anyway (a page left
+    # open elsewhere), is refused with the service's reason.
+    page.evaluate("document.querySelector('button[data-control=\"start\"]').click()")
     page.wait_for_function("!document.getElementById('map-note').hidden", timeout=10_000)
     assert "cannot start" in page.locator("#map-note").inner_text()
     page.locator('button[data-control="stop"]').click()
     _wait_seq(page, 4)
     assert page.locator("#stat-status").inner_text() == "stopped"
+    assert shown() == ["resume", "step"]
     context.close()

@@ -241,3 +241,23 @@ def test_a_tick_streams_thinking_then_decisions_in_seq_order(run):
         await ws.disconnect()
 
     run_async(body)
+
+
+def test_a_connect_while_redis_is_down_is_closed_with_a_reason(run, settings):
+    # Nothing listens on port 1: the channel layer's Redis is down (issue 33, item 5).
+    from pokosite.settings.base import channel_layers
+
+    settings.CHANNEL_LAYERS = channel_layers("redis://127.0.0.1:1/0", prefix="down")
+
+    async def body():
+        ws = _communicator(f"/ws/runs/{run.pk}/")
+        connected, _ = await ws.connect(timeout=10)
+        assert connected
+        error = await ws.receive_json_from(timeout=30)
+        assert error["type"] == "error" and "reconnect" in error["message"]
+        closed = await ws.receive_output(timeout=5)
+        assert closed["type"] == "websocket.close" and closed["code"] == 1013
+        assert "unavailable" in closed["reason"]
+        await ws.wait()
+
+    run_async(body)

@@ -11,7 +11,7 @@ import xgrammar as xgr
 from town.rules.actions import action_options, action_problem
 from town.rules.clock import Clock, is_open_at
 from town.rules.effects import action_apply, time_passes
-from town.rules.schema import decision_schema
+from town.rules.schema import REASON_SCHEMA_MAX_CHARS, decision_schema
 from town.rules.world import MenuItem, PlaceView, ResidentView, World
 
 HOME, CAFE, BAKERY, BAR = 1, 2, 3, 4
@@ -82,7 +82,7 @@ def test_schema_admits_exactly_the_options(world):
         {"action": "go", "target": "Cafe", "reason": "I like it."},
         {"action": "go", "target": "Bar", "reason": "I like it."},
         {"action": "talk", "target": "Bakery", "reason": "I am mixed up."},
-        {"action": "go", "target": "Bakery", "reason": "I " + "x" * 58 + "."},
+        {"action": "go", "target": "Bakery", "reason": "I " + "x" * REASON_SCHEMA_MAX_CHARS + "."},
         {"action": "go", "target": "Bakery", "reason": 'I quote " here.'},
         {"action": "go", "target": "Bakery", "reason": "Decide what Ann does next"},
         {"action": "go", "target": "Bakery"},

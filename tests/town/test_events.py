@@ -108,7 +108,7 @@ def test_concurrent_emitters_get_distinct_gapless_seqs():
         assert [e.data["i"] for e in mine] == list(range(10))
 
 
-def test_a_tick_emits_started_applied_moved_and_advanced_in_order():
+def test_a_tick_emits_started_answered_applied_moved_and_advanced_in_order():
     run = services.run_start(run=run_factory(town=small_town_factory(), ticks_target=1))
     send = InlineSend(max_workers=4)
     try:
@@ -120,10 +120,12 @@ def test_a_tick_emits_started_applied_moved_and_advanced_in_order():
     kinds = [e.kind for e in stored]
     assert kinds[0] == "run.state"  # started
     assert kinds[1:5] == ["decision.started"] * 4
-    assert kinds[5:9] == ["decision.applied"] * 4
+    # Each decision as soon as it is answered, while the tick waits for the others.
+    assert kinds[5:9] == ["decision.answered"] * 4
+    assert kinds[9:13] == ["decision.applied"] * 4
     moved = [e for e in stored if e.kind == "resident.moved"]
-    assert kinds[9 : 9 + len(moved)] == ["resident.moved"] * len(moved)
-    assert kinds[9 + len(moved) :] == ["tick.advanced", "run.state"]  # ticks_target reached
+    assert kinds[13 : 13 + len(moved)] == ["resident.moved"] * len(moved)
+    assert kinds[13 + len(moved) :] == ["tick.advanced", "run.state"]  # ticks_target reached
     assert stored[-1].data["status"] == "finished"
 
     decisions = {d.pk: d for d in Decision.objects.filter(tick=tick).select_related("resident")}
@@ -137,15 +139,19 @@ def test_a_tick_emits_started_applied_moved_and_advanced_in_order():
             tick.index,
             d.node,
         )
-    for event in stored[5:9]:
+    for answered, event in zip(stored[5:9], stored[9:13], strict=True):
         d = decisions[event.data["id"]]
         assert event.data["resident_name"] == d.resident.name
         assert (event.data["action"], event.data["target"]) == (d.action, d.target)
+        # Answered: what the resident decided, read from its output before the tick applied it.
+        early = decisions[answered.data["id"]]
+        assert answered.data["status"] == "computed" and answered.data["valid"] is None
+        assert (answered.data["action"], answered.data["reason"]) == (early.action, early.reason)
 
     # One shape per entity: the REST API's decision and summary are the events'.
     api = APIClient()
     listed = {row["id"]: row for row in api.get(f"/api/decisions/?run={run.pk}").json()["results"]}
-    for event in stored[5:9]:
+    for event in stored[9:13]:
         row = listed[event.data["id"]]
         assert row["url"].endswith(event.data["url"])
         assert {**event.data, "url": row["url"]} == row

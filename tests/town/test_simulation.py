@@ -8,6 +8,7 @@ import json
 import pytest
 from django.core.management import call_command
 
+from inference.runtime import engine_configured
 from tests.town.factories import run_factory, small_town_factory
 from town import services
 from town.demo import demo_town_create
@@ -159,6 +160,30 @@ def test_run_town_inline_prints_the_summary(capsys):
     assert Run.objects.get(town=town).status == Run.Status.FINISHED
 
 
+def test_run_town_exits_non_zero_when_a_ticks_decisions_all_failed(settings):
+    """A server that fails every request (as llama-cpp-python's did to json_schema, before the
+    client learned its dialect): the command fails with the first error on one line."""
+    from django.core.management.base import CommandError
+
+    from inference.remote_dialects import dialect_memory
+    from tests.inference.test_remote_dialects import StubServer
+
+    town = small_town_factory()
+    stub = StubServer("none of them", refusal_status=500)
+    with stub.serving() as base_url:
+        settings.INFERENCE_OPENAI = {"base_url": base_url, "model": "stub-model", "api_key": ""}
+        dialect_memory().forget(base_url)
+        with pytest.raises(CommandError) as caught:
+            call_command("run_town", "--ticks", "2", "--inline", "--town", town.name)
+    message = str(caught.value)
+    num_residents = town.residents.count()
+    assert "\n" not in message
+    assert f"tick 0: all {num_residents} decisions failed; the first" in message
+    assert f"{base_url} failed the request" in message
+    run = Run.objects.get(town=town)
+    assert (run.status, run.num_ticks_done) == (Run.Status.STOPPED, 1)
+
+
 def test_the_world_knows_each_residents_choices_of_the_last_two_ticks():
     run = services.run_start(run=run_factory(town=small_town_factory(), minutes_per_tick=30))
     Run.objects.filter(pk=run.pk).update(start_minutes=9 * 60)
@@ -204,3 +229,31 @@ def test_a_talk_finds_the_one_who_walks_away_in_the_same_tick():
     aki, ben = (Decision.objects.get(pk=d.pk) for d in (aki, ben))
     assert (aki.valid, ben.valid) == (True, True), ben.error
     assert Memory.objects.filter(run=run, resident__name="Aki", text__contains="Ben").exists()
+
+
+def test_a_ticks_schemas_are_compiled_before_its_decisions_are_sent():
+    """Issue 33, item 6: the tick warms its distinct schemas first, so no decision compiles."""
+    run = services.run_start(run=run_factory(town=small_town_factory(), concurrency=4))
+    compiles_after_warm = []
+    with engine_configured() as engine:  # an empty grammar cache
+        cache = engine.structured.cache
+
+        class WarmCounted(InlineSend):
+            def warm_schemas(self, node_to_schemas):
+                super().warm_schemas(node_to_schemas)
+                compiles_after_warm.append(cache.num_compiles)
+
+        send = WarmCounted(max_workers=4)
+        try:
+            tick = tick_run(run_id=run.pk, send=send, owner="test")
+        finally:
+            send.shutdown()
+        num_compiles = cache.num_compiles
+    decisions = list(run.decisions.filter(tick=tick))
+    distinct = {json.dumps(d.json_schema) for d in decisions}
+    assert len(decisions) == 4 and distinct
+    assert compiles_after_warm == [len(distinct)]
+    assert num_compiles == len(distinct)  # the decisions themselves compiled nothing
+    for d in decisions:
+        assert d.status == Decision.Status.APPLIED, d.error
+        assert d.metrics["grammar_compile_s"] < 0.05, d.metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 import uuid
 
@@ -15,6 +16,7 @@ from tests.town.worker_ticks import tick_in_background, wait_for
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Run, Tick
+from town.rules.schema import REASON_SCHEMA_MAX_CHARS
 from town.selectors import run_summary
 from town.services.decisions import decision_parse
 from town.simulation import tick_run
@@ -56,6 +58,12 @@ def test_two_ticks_of_the_demo_town_on_the_real_model(celery_worker_process):
     assert summary.token_cache_hit_rate > 0.3
     # The town's rules were applied: whatever the model chose, it was possible when chosen.
     assert sum(1 for d in decisions if d.valid) >= 10
+    # Every reason whole, as the model ended it: never cut mid-word by a bound, nor after.
+    for d in decisions:
+        assert d.reason == json.loads(d.raw_output)["reason"], d.raw_output
+        assert re.fullmatch(r"I[ '][A-Za-z '-]*[A-Za-z][.!]", d.reason), d.reason
+        # Short of the grammar's bound: the model put the full stop there, not the bound.
+        assert len(d.reason) < REASON_SCHEMA_MAX_CHARS, d.reason
 
 
 def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(

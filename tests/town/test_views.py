@@ -255,11 +255,16 @@ def test_the_live_views_entities_have_the_rest_apis_shape(client, run):
     shown = [d for frame in replay["frames"] for d in frame["decisions"]]
     aki = run.resident_states.get(resident__name="Aki").resident_id
     shown += client.get(f"/runs/{run.pk}/residents/{aki}/").json()["decisions"]
-    assert len(shown) == 8 + 2
+    latest = [r["latest_decision"] for r in snapshot["residents"]]
+    assert {d["tick_index"] for d in latest} == {1}  # each resident's newest: tick 1's
+    assert [d["resident"] for d in latest] == [r["id"] for r in snapshot["residents"]]
+    shown += latest
+    assert len(shown) == 8 + 2 + 4
     assert all(same(d, rest_decisions[d["id"]]) for d in shown)
     rest_residents = client.get(f"/api/residents/?town={run.town_id}&run={run.pk}").json()
     live_residents = [
-        {k: v for k, v in r.items() if k != "thinking"} for r in snapshot["residents"]
+        {k: v for k, v in r.items() if k not in ("thinking", "latest_decision")}
+        for r in snapshot["residents"]
     ]
     assert live_residents == rest_residents["results"]
     panel = client.get(f"/runs/{run.pk}/residents/{aki}/").json()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+# What the prompt asks for: one short sentence of at most this many characters.
 REASON_MAX_CHARS = 60
 # The resident's own thought: one short sentence in the first person ("I ...", ending in "." or
 # "!"). A small model cannot start it by copying a third-person line of the prompt ("Decide what
@@ -17,13 +18,22 @@ REASON_MAX_CHARS = 60
 # next town, I will go to the next town, ..."). ASCII letters, spaces, apostrophes and hyphens:
 # one token per character at worst, no escapes. No digits: a thought needs no price, and a
 # reason with one was most often a menu line copied with its price ("I forgot to buy the manga
-# volume 550 yen.", run 12 in docs/TOWN.md).
-REASON_PATTERN = rf"^I[ '][A-Za-z '-]{{1,{REASON_MAX_CHARS - 3}}}[.!]$"
+# volume 550 yen.", run 12 in docs/TOWN.md). The last character before the stop is a letter:
+# never a dangling hyphen, apostrophe or space.
+#
+# The grammar's bound is twice the prompt's: with room to spare the model ends the sentence
+# itself, after its last word. A bound at the asked length (it was {1,57}) forced the full stop
+# wherever it fell, mid-word ("... at Kam.", "... new to-."). Without any bound a model that
+# never ends (the tiny random one) runs to max_tokens and the whole answer is lost; and a
+# bounded repeat costs compile time (SmolLM2's vocabulary, one resident's schema: 0.67 s for
+# {1,57}, 2.1 s for {0,116}; cached per schema). Stored whole: Decision.reason holds 300.
+REASON_SCHEMA_MAX_CHARS = 2 * REASON_MAX_CHARS
+REASON_PATTERN = rf"^I[ '][A-Za-z '-]{{0,{REASON_SCHEMA_MAX_CHARS - 4}}}[A-Za-z][.!]$"
 # {"action":"...","target":"...","reason":"..."}: ~20 tokens of keys and punctuation, a target
-# name of up to ~20 tokens, the reason at most REASON_MAX_CHARS tokens.
-DECISION_MAX_TOKENS = 20 + 20 + REASON_MAX_CHARS + 20
+# name of up to ~20 tokens, the longest reason at ~3 characters a token (a sentence in words;
+# the grammar would let a model spell it a character a token): within a run's max_tokens (160).
+DECISION_MAX_TOKENS = 20 + 20 + REASON_SCHEMA_MAX_CHARS // 3 + 20
 
-# The pattern bounds the length (xgrammar ignores maxLength next to a pattern).
 REASON_SCHEMA: dict[str, Any] = {"type": "string", "pattern": REASON_PATTERN}
 
 

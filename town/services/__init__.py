@@ -14,9 +14,11 @@ from town.services.decisions import (
     decision_resend,
     decision_resend_due,
     decision_time_out,
+    decision_wait_verdict,
 )
 from town.services.runs import (
     RUN_CONTROLS,
+    run_control_statuses,
     run_controls_available,
     run_create,
     run_lease_release,
@@ -42,6 +44,8 @@ __all__ = [
     "decision_resend",
     "decision_resend_due",
     "decision_time_out",
+    "decision_wait_verdict",
+    "run_control_statuses",
     "run_controls_available",
     "run_create",
     "run_lease_release",

@@ -11,6 +11,8 @@ Only a run nobody is advancing can be asked: created, paused (no step pending) o
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from town.errors import RunStateError, TownError
 from town.models import Decision, Resident, Run
 from town.services.decisions import DecisionSend, decision_dispatch
@@ -62,6 +64,9 @@ def decision_request(*, run: Run, resident: Resident, send: DecisionSend, owner:
                 f"{resident.name}'s decision in tick {tick.index} of run {run.pk} was asked "
                 f"for already (decision {decision.pk}, {decision.status}); GET it instead"
             )
-        return decision_dispatch(decision=decision, send=send)
+        # Someone is waiting for this one: ahead of the tick loop's (a setting).
+        return decision_dispatch(
+            decision=decision, send=send, priority=settings.INFERENCE_PRIORITY_REQUESTED
+        )
     finally:
         run_lease_release(run=run, owner=owner)

@@ -5,16 +5,18 @@ Computing stores the raw output and every metric and nothing else; parsing, chec
 applying happen in the tick, in resident order, so a tick's outcome does not depend on which
 decision came back first.
 
-Deliveries: a worker killed mid-decision leaves its message unacknowledged and the broker hands
-it out again (same send); a worker killed after taking the message off the queue but before
-recording it as unacknowledged loses it, so the tick loop sends a decision no worker has begun
-again (`decision_resend`, send 2, 3, ...). Each delivery says which send it is; only the send
-that began the running attempt may begin it again, so two copies never compute at once, and an
-answer that comes after another one is dropped. A broker also hands out a message again while
-its worker is still computing it (past the visibility timeout, or one the worker had prefetched):
-a process never begins a decision it is computing already. A decision whose node went down (no
-heartbeat: inference/node_health.py) is sent to a live node instead (`decision_reroute`); the
-unique (tick, resident) row and the send that holds the running attempt keep it to one answer.
+Deliveries: a worker killed mid-decision leaves its message unacknowledged and the broker hands it
+out again (same send); a worker killed after taking the message off the queue but before recording
+it as unacknowledged loses it, so the tick loop sends a decision no worker has begun again
+(`decision_resend`, send 2, 3, ...) — but only when the heartbeats do not explain the wait
+(`decision_wait_verdict`): one queued behind others on a live node is waiting, not lost. Each
+delivery says which send it is; only the send that began the running attempt may begin it again, so
+two copies never compute at once, and an answer that comes after another one is dropped. A broker
+also hands out a message again while its worker is still computing it (past the visibility timeout,
+or one the worker had prefetched): a process never begins a decision it is computing already. A
+decision whose node went down (no heartbeat: inference/node_health.py) is sent to a live node
+instead (`decision_reroute`); the unique (tick, resident) row and the send that holds the running
+attempt keep it to one answer.
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from inference.cache_salt import run_cache_salt
 from inference.errors import CompletionInputError, CompletionTimeoutError
+from inference.node_health import NodeState
 from inference.services import Completion, CompletionRequest, completion_generate
 from inference.task_queue import TaskQueueUnavailable
 from town import events
-from town.models import Decision
+from town.models import Decision, Run
 from town.rules.actions import action_problem
 from town.rules.effects import Note, action_apply
 from town.rules.world import World
@@ -56,16 +61,22 @@ def _send_on_commit(decision: Decision, send: DecisionSend) -> None:
     transaction.on_commit(lambda: send(decision_id, node, number))
 
 
-def decision_dispatch(*, decision: Decision, send: DecisionSend) -> Decision:
+def decision_dispatch(
+    *, decision: Decision, send: DecisionSend, priority: int | None = None
+) -> Decision:
     """Mark the decision queued (the resident is thinking: an event says so) and send it once
     the transaction commits. When the task queue is down (TaskQueueUnavailable, raised), the
-    decision is pending again, never left queued with no message: a later dispatch sends it."""
+    decision is pending again, never left queued with no message: a later dispatch sends it.
+    `priority`: the engine's scheduling class; None, the tick loop's (a setting)."""
     try:
         with transaction.atomic():
             decision.status = D.QUEUED
             decision.dispatched_at = timezone.now()
             decision.num_sends = 1
-            decision.save(update_fields=["status", "dispatched_at", "num_sends", "node"])
+            decision.priority = settings.INFERENCE_PRIORITY_TICK if priority is None else priority
+            decision.save(
+                update_fields=["status", "dispatched_at", "num_sends", "node", "priority"]
+            )
             # Registered before the event's broadcast, so the view never delays the decision.
             _send_on_commit(decision, send)
             events.decision_started_emit(decision=decision, tick_index=decision.tick.index)
@@ -86,9 +97,49 @@ def decision_resend_due(*, decision: Decision, resend_s: float) -> bool:
     return waited_s > max(decision.num_sends, 1) * resend_s
 
 
-def decision_resend(*, decision: Decision, send: DecisionSend) -> bool:
+@dataclass(frozen=True, slots=True)
+class WaitVerdict:
+    """Whether a queued decision no worker began should be sent again, and why."""
+
+    resend: bool
+    why: str
+
+
+def decision_wait_verdict(*, decision: Decision, state: NodeState | None) -> WaitVerdict:
+    """For a decision past its resend time (decision_resend_due): wait on, when its node's
+    heartbeats say the node is alive and has work queued that it can be waiting behind; send it
+    again when a worker of the node went silent since it was sent, when the live node reports
+    nothing queued or taken (the message is lost), or when no heartbeat says anything."""
+    node = decision.node
+    waited_s = (timezone.now() - decision.dispatched_at).total_seconds()
+    if state is None or not state.is_up:
+        return WaitVerdict(
+            True,
+            f"no worker began it within {waited_s:.0f} s and no heartbeat says node "
+            f"{node} is alive",
+        )
+    # A worker that died after the send may have taken the message with it (it was alive then:
+    # its last heartbeat came within one interval of the send, or later).
+    sent_at = decision.dispatched_at.timestamp() - settings.INFERENCE_HEARTBEAT_INTERVAL_S
+    gone = [worker for worker, last in state.silent_workers if last >= sent_at]
+    if gone:
+        return WaitVerdict(True, f"worker {gone[0]} of node {node} went silent after it was sent")
+    if state.num_queued + state.num_reserved > 0:
+        return WaitVerdict(
+            False,
+            f"waits behind the work of live node {node} ({state.num_running} running, "
+            f"{state.num_queued} queued, {state.num_reserved} taken and not begun)",
+        )
+    return WaitVerdict(
+        True,
+        f"no worker began it within {waited_s:.0f} s and live node {node} reports nothing "
+        "queued or taken: its message is lost",
+    )
+
+
+def decision_resend(*, decision: Decision, send: DecisionSend, why: str = "") -> bool:
     """Send a queued decision again (its message may be lost); False if a worker began it or
-    someone resent it meanwhile."""
+    someone resent it meanwhile. `why` goes in the warning."""
     with transaction.atomic():
         updated = Decision.objects.filter(
             pk=decision.pk, status=D.QUEUED, num_sends=decision.num_sends
@@ -98,9 +149,9 @@ def decision_resend(*, decision: Decision, send: DecisionSend) -> bool:
         decision.num_sends += 1
         _send_on_commit(decision, send)
     logger.warning(
-        "decision %s: no worker began it on node %s; sent again (send %s)",
+        "decision %s: %s; sent again (send %s)",
         decision.pk,
-        decision.node,
+        why or f"no worker began it on node {decision.node}",
         decision.num_sends,
     )
     return True
@@ -212,9 +263,16 @@ def _decision_answer(
     now = timezone.now()
     app_e2e_s = (now - decision.dispatched_at).total_seconds() if decision.dispatched_at else None
     still_ours = Q() if send is None else Q(started_send=send) | Q(started_send__isnull=True)
-    stored = Decision.objects.filter(still_ours, pk=decision.pk, status__in=COMPUTABLE).update(
-        status=status, computed_at=now, app_e2e_s=app_e2e_s, **fields
-    )
+    with transaction.atomic():
+        # The run's row first, as tick_finish takes it before it writes the decisions: the
+        # event below needs it, and taking it after the decision's row could deadlock.
+        Run.objects.select_for_update().filter(pk=decision.run_id).values_list("pk").get()
+        stored = Decision.objects.filter(still_ours, pk=decision.pk, status__in=COMPUTABLE).update(
+            status=status, computed_at=now, app_e2e_s=app_e2e_s, **fields
+        )
+        if stored:
+            # The map and the feed show the answer now, not when the whole tick is applied.
+            events.decision_answered_emit(decision_id=decision.pk)
     if not stored:
         logger.info("decision %s was answered already; this answer is dropped", decision.pk)
     return stored == 1
@@ -276,6 +334,9 @@ def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bo
             seed=_decision_seed(decision),
             # Runs do not share cached prefixes, so each run's numbers are its own.
             cache_salt=decision_cache_salt(run),
+            priority=(
+                settings.INFERENCE_PRIORITY_TICK if decision.priority is None else decision.priority
+            ),
         )
         completion = completion_generate(request=request, timeout_s=_decision_time_left(decision))
     except CompletionInputError as exc:

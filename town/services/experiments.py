@@ -22,7 +22,7 @@ from town.errors import TownError
 from town.models import Run, Tick, Town
 from town.rules.diary import diary_lines
 from town.rules.prompts import num_shared_messages, prompt_build
-from town.selectors import world_load
+from town.selectors import tick_failure, world_load
 from town.services.decisions import decision_cache_salt
 from town.services.runs import run_create, run_lease_release, run_start
 from town.simulation import InlineSend, lease_owner_name, tick_run
@@ -179,6 +179,9 @@ def _run_ticks(*, run: Run, ticks: int, warm_head: bool) -> Run:
             )
             if tick is None:
                 raise TownError(f"run {run.pk} is being advanced by another process")
+            failure = tick_failure(tick=tick)
+            if failure is not None:
+                raise TownError(failure)
     finally:
         run_lease_release(run=run, owner=owner)
         send.shutdown()

@@ -236,9 +236,15 @@ RUN_CONTROLS = {
 }
 
 
+def run_control_statuses() -> dict[str, list[str]]:
+    """Each control (in RUN_CONTROLS order) with the statuses it acts on: the one rule for
+    which buttons a run's pages show (the live page applies it again as the status changes)."""
+    return {name: [str(status) for status in RUN_CONTROL_STATUSES[name]] for name in RUN_CONTROLS}
+
+
 def run_controls_available(*, run: Run) -> list[str]:
     """The controls that apply to `run` as it is now, in RUN_CONTROLS order."""
-    return [name for name in RUN_CONTROLS if run.status in RUN_CONTROL_STATUSES[name]]
+    return [name for name, statuses in run_control_statuses().items() if run.status in statuses]
 
 
 def run_lease_take(*, run: Run, owner: str, seconds: float) -> bool:

@@ -24,7 +24,9 @@ shared head on and off (see fanout).
 With `--tiers` it times the first token of a prompt whose head is cold, on disk, in host
 memory or in the device pool (see tiers; --head-tokens, --tail-tokens, --repeats). With
 `--restart` it runs the town's restart story: tick 2 after a worker restart, with the disk tier
-and without, beside an engine that never stopped (see restart; --requests residents).
+and without, beside an engine that never stopped (see restart; --requests residents). With
+`--priority` it times a short /v1-like request's first token idle, then with `--concurrency`
+town requests in flight, in their class and ahead of it (see priority; --repeats).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from inference.engine.bench.fanout import fanout_main
 from inference.engine.bench.floor import Floor, format_floor, measure_floor
 from inference.engine.bench.output import emit, progress
 from inference.engine.bench.own_thread import in_own_thread
+from inference.engine.bench.priority import priority_main
 from inference.engine.bench.report import format_table, summarize, to_json
 from inference.engine.bench.restart import restart_main
 from inference.engine.bench.results import RunResult
@@ -174,6 +177,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="tick 2's hit rate and median e2e after a worker restart, disk tier on and off, "
         "beside an engine that never stopped (--requests residents)",
     )
+    parser.add_argument(
+        "--priority",
+        action="store_true",
+        help="a short request's TTFT idle, then with --concurrency town requests in flight, "
+        "in their class and ahead of it (--repeats)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
@@ -240,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_at_start = os.getloadavg()[0]
-    if args.fanout or args.restart or args.tiers:
+    if args.fanout or args.restart or args.tiers or args.priority:
         command = " ".join(["python -m inference.engine.bench", *args.argv])
         meta = dict(command=command, started=started, load_at_start=load_at_start)
         meta["cpu"] = _cpu_model()
         if args.restart:
             return restart_main(args, meta)
+        if args.priority:
+            return priority_main(args, meta)
         if args.tiers:
             return tiers_main(args, meta)
         interval = args.intervals[0] if args.intervals else None

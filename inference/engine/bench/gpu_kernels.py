@@ -1,6 +1,7 @@
 """The GPU benchmark, part 1: the kernels at real sizes on CUDA — checked against their torch
 references, then timed (triton's do_bench, median) against the bytes they must move and a
-measured device-to-device copy."""
+measured device-to-device copy. The quantized matmuls count the packed weight bytes they read
+(weights and scales of the experts a batch touches): what bounds a V4 Flash decode step."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from inference.engine.kernels.prefill_attention import (
     prefill_attention,
     prefill_attention_reference,
 )
+from inference.engine.kernels.quantized_dispatch import (
+    fp4_grouped_matmul_reference,
+    fp8_block_linear_reference,
+)
+from inference.engine.kernels.quantized_matmul import fp4_grouped_matmul, fp8_block_linear
 from inference.engine.kernels.store_kv import store_kv, store_kv_reference
+from inference.engine.models.packed.formats import quantize_fp8
 
 BLOCK_SIZE = 16
 TOLERANCE = dict(atol=3e-2, rtol=2e-2)  # bf16 against the fp32 reference
@@ -151,6 +158,59 @@ def copy_slots_cases(num_layers, kv_heads, head_dim, device, gen) -> list[Kernel
     ]  # fmt: skip
 
 
+def fp8_linear_case(num_rows, out_features, in_features, device) -> KernelTiming:
+    """bf16 rows through an FP8 weight with 128 x 128 block scales (V4 Flash's attention and
+    shared-expert projections)."""
+    weight, scale = quantize_fp8(torch.randn(out_features, in_features, device=device))
+    x = _randn((num_rows, in_features), device)
+    moved = weight.numel() + 4 * scale.numel()
+    return _checked(
+        "fp8 block linear", f"{num_rows} rows × ({out_features}, {in_features}) fp8, bf16 x",
+        lambda: fp8_block_linear(x, weight, scale),
+        lambda: fp8_block_linear_reference(x, weight, scale),
+        _median_ms, moved, 2.0 * num_rows * out_features * in_features,
+    )  # fmt: skip
+
+
+def fp4_experts_case(
+    num_tokens, top_k, num_experts, out_features, in_features, device, gen
+) -> KernelTiming:
+    """V4 Flash's routed experts: each token's top_k rows sorted by expert, one launch over
+    e2m1 weights with an e8m0 scale per 32 inputs. Random bytes are valid e2m1 pairs."""
+    weight = torch.randint(0, 256, (num_experts, out_features, in_features // 2), device=device,
+                           dtype=torch.uint8)  # fmt: skip
+    scale = torch.randint(118, 126, (num_experts, out_features, in_features // 32),
+                          device=device, dtype=torch.uint8)  # fmt: skip
+    # Each token picks top_k distinct experts; counts per expert make the sorted rows' offsets.
+    picks = torch.rand(num_tokens, num_experts, generator=gen).topk(top_k, dim=1).indices
+    counts = torch.bincount(picks.flatten(), minlength=num_experts)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(device)
+    x = _randn((num_tokens * top_k, in_features), device)
+    touched = int((counts > 0).sum())
+    moved = touched * out_features * (in_features // 2 + in_features // 32)
+    shape = (f"{num_tokens} tok × top-{top_k} of {num_experts} ({touched} touched) × "
+             f"({out_features}, {in_features}) fp4")  # fmt: skip
+    return _checked(
+        "fp4 grouped experts", shape,
+        lambda: fp4_grouped_matmul(x, offsets, weight, scale),
+        lambda: fp4_grouped_matmul_reference(x, offsets, weight, scale),
+        _median_ms, moved, 2.0 * x.shape[0] * out_features * in_features,
+    )  # fmt: skip
+
+
+def quantized_cases(device, gen, quick: bool) -> list[KernelTiming]:
+    """V4 Flash sizes (hidden 4096, wo_b 4096 x 8192, experts 2048 x 4096, top-6 of 256):
+    decode at the talk's 4 in flight, and a prefill chunk."""
+    num_experts = 64 if quick else 256
+    prefill = 512 if quick else 2048
+    return [
+        fp8_linear_case(4, 4096, 8192, device),
+        fp8_linear_case(prefill, 4096, 8192, device),
+        fp4_experts_case(4, 6, num_experts, 2048, 4096, device, gen),
+        fp4_experts_case(prefill, 6, num_experts, 2048, 4096, device, gen),
+    ]
+
+
 def _median_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -175,4 +235,4 @@ def run_kernel_benchmarks(device: torch.device, quick: bool) -> list[KernelTimin
             decode_case(f"decode (partition {p})", 64, context, 9, 3, 64, None, device, gen, p)
             for p in (256, 1024)
         ]
-    return results + copy_slots_cases(30, 3, 64, device, gen)
+    return results + copy_slots_cases(30, 3, 64, device, gen) + quantized_cases(device, gen, quick)

@@ -14,6 +14,7 @@ tick's requests are submitted together, as a tick's fan-out is. Three runs, fres
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -64,7 +65,8 @@ def run_restart(
     progress: Callable[[str], None] = lambda message: None,
 ) -> list[TickResult]:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    common = dict(model=model, max_num_batched_tokens=512)
+    # The engines share the disk tier's files: one key for the run (each would draw its own).
+    common = dict(model=model, max_num_batched_tokens=512, kv_disk_cache_key=secrets.token_hex(32))
 
     def engine(**overrides) -> LLMEngine:
         return LLMEngine(EngineConfig(**common, **overrides))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import secrets
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -45,6 +46,7 @@ def run_tiers(
     prompt_blocks = -(-(head_tokens + tail_tokens + 1) // 16)
     # The pool holds a bit more than one prompt: two unrelated prompts push a head out of it.
     common = dict(model=model, num_kv_blocks=prompt_blocks + 16, max_num_batched_tokens=512)
+    common["kv_disk_cache_key"] = secrets.token_hex(32)  # the engines share the files
     results: dict[str, list] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="kv-tiers-bench-") as directory:
         progress("tiers: loading the engines")

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,9 @@ from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
 from inference.engine.kv.tiers.offloader import KVOffloader
+from inference.engine.memory_plan import check_engine
 from inference.engine.models import load_model
+from inference.engine.models.deepseek_v4.loader import Shard
 from inference.engine.runner.model_runner import (
     ModelRunner,
     RunnerSetup,
@@ -166,7 +168,12 @@ class LLMEngine:
         the structured-output manager and the runner."""
         cache, scheduling, running = config.cache, config.scheduler, config.runner
         grammars = config.structured_output
-        loaded = load_model(config.model, self.device, config.seed, running.weights)
+        # Logged, and refused when it does not fit, before a byte of weights is read.
+        self.memory_plan = check_engine(config)
+        parallel = config.parallel
+        # Under expert parallelism rank 0 reads only its share of the routed experts.
+        shard = Shard(0, parallel.tensor_parallel_size) if parallel.enable_expert_parallel else None
+        loaded = load_model(config.model, self.device, config.seed, running.weights, shard=shard)
         self.weights = loaded.weights  # "auto" resolved: what every request's metrics report
         if self.executor is not None:
             loaded = self.executor.shard(loaded)  # the KV cache below is this rank's shard too
@@ -271,13 +278,15 @@ class LLMEngine:
         params: SamplingParams | None = None,
         *,
         timeout: float | None = None,
+        priority: int = 0,
     ) -> list[RequestOutput]:
         """Run prompts to completion (blocking); safe to call from many threads at once.
         Past `timeout` seconds (counted once the requests are built and queued) the requests
-        still running are aborted and TimeoutError is raised."""
+        still running are aborted and TimeoutError is raised. `priority`: the scheduling
+        class, lower first (vLLM's priority policy; see Scheduler.schedule)."""
         params = params or SamplingParams()
         batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
-        requests = [self._make_request(prompt, params) for prompt in batch]
+        requests = [self._make_request(prompt, params, priority) for prompt in batch]
         futures = self._submit(requests)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -293,22 +302,30 @@ class LLMEngine:
             raise
 
     def generate_stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, timeout: float | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> Iterator[StreamDelta]:
         """Run one prompt, yielding its text as tokens are sampled (blocking, in the caller's
         thread; thread-safe like `generate`). The deltas add up to the final text, which the
         last delta's `output` carries. The request is batched with everything else in flight.
         Closing the generator early (or an exception in the consumer's loop, once the generator
         is closed) aborts the request; past `timeout` seconds it is aborted and TimeoutError
-        is raised."""
+        is raised. `priority` as in `generate`."""
         params = params or SamplingParams()
-        request = self._make_request(prompt, params)
+        request = self._make_request(prompt, params, priority)
         sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         request.on_token = sampled.put
         (future,) = self._submit([request])
         # Runs after the last on_token on the loop thread (or at once if already done).
         future.add_done_callback(lambda _: sampled.put(None))
-        detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop_list)
+        # A checkpoint without a tokenizer streams token ids with empty text.
+        detokenizer = (
+            IncrementalDetokenizer(self.tokenizer, params.stop_list) if self.tokenizer else None
+        )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while (token := _next_token(sampled, deadline, timeout)) is not None:
@@ -318,11 +335,11 @@ class LLMEngine:
                         sampled.put(None)
                         break
                     token_ids.append(more)
-                text = detokenizer.add(token_ids)
-                if text:
+                text = detokenizer.add(token_ids) if detokenizer else ""
+                if text or detokenizer is None:
                     yield StreamDelta(text, token_ids, request_id=request.request_id)
             output = future.result()  # raises what failed the request
-            text = detokenizer.finish(output.text)
+            text = detokenizer.finish(output.text) if detokenizer else ""
             yield StreamDelta(text, output=output, request_id=request.request_id)
         finally:
             if not future.done():  # closed early, timed out, or the consumer failed
@@ -431,6 +448,25 @@ class LLMEngine:
                 return PinnedHead(0, len(token_ids), len(token_ids), "")
             return self.pinned.pin(token_ids, cache_salt)
 
+    def compile_schemas(self, schemas: list[str | dict]) -> list[str | None]:
+        """Compile JSON schemas into the engine's grammar cache now, at most
+        `grammar_compile_workers` (≥ 1) at once, so requests using them later find them
+        compiled; per schema, None or why it was refused (over the limits, invalid, past the
+        compile deadline: later requests with it are refused the same way). Thread-safe."""
+        # The text a request's SamplingParams gives the cache, so both find the same entry.
+        texts = [SamplingParams(json_schema=schema).json_schema_text() for schema in schemas]
+        num_threads = max(1, self.config.structured_output.grammar_compile_workers)
+
+        def compile_one(text: str) -> str | None:
+            try:
+                self.structured.precompile(text)
+            except ValueError as exc:
+                return str(exc)
+            return None
+
+        with ThreadPoolExecutor(num_threads, thread_name_prefix="schema-warm") as pool:
+            return list(pool.map(compile_one, texts))
+
     def unpin(self, handle: PinnedHead | int) -> None:
         """Let a warmed head's blocks be evicted again (ValueError for an unknown handle)."""
         with self._lock:
@@ -492,10 +528,19 @@ class LLMEngine:
         disk = None
         if cache.kv_disk_cache_dir is not None:
             disk = DiskTier(
-                cache.kv_disk_cache_dir, cache.kv_disk_cache_bytes, cache.kv_disk_cache_ttl_s
+                cache.kv_disk_cache_dir,
+                cache.kv_disk_cache_bytes,
+                cache.kv_disk_cache_ttl_s,
+                key=cache.disk_cache_key,
             )
         sliding = group("sliding") if self.kv_cache_manager.sliding is not None else None
-        return KVOffloader(group("full"), sliding, host=host, disk=disk)
+        return KVOffloader(
+            group("full"),
+            sliding,
+            host=host,
+            disk=disk,
+            load_timeout_s=cache.kv_disk_load_timeout_s,
+        )
 
     def _drafter(self, model) -> Drafter | None:
         speculative = self.config.speculative
@@ -544,8 +589,12 @@ class LLMEngine:
 
     # ---- building requests (caller's thread) --------------------------------------------
 
-    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+    def _make_request(self, prompt: Prompt, params: SamplingParams, priority: int = 0) -> Request:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int (lower is served first), not {priority!r}")
         token_ids = self._tokenize(prompt)
+        if self.tokenizer is None and params.stop_list:
+            raise ValueError(self._no_tokenizer("stop strings"))
         if not token_ids:
             raise ValueError("prompt is empty")
         breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
@@ -569,7 +618,9 @@ class LLMEngine:
                 f"{self.num_blocks}: raise kv_cache_memory_bytes or lower max_tokens"
             )
         schema = params.json_schema_text()
+        compile_started = time.perf_counter()
         grammar = self.structured.grammar_for(schema) if schema is not None else None
+        grammar_compile_s = time.perf_counter() - compile_started if grammar is not None else 0.0
         seed = params.seed
         if seed is None and not params.is_greedy:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
@@ -581,9 +632,22 @@ class LLMEngine:
             grammar=grammar,
             generator=generator,
             cache_breakpoints=breakpoints,
+            grammar_compile_s=grammar_compile_s,
+            priority=priority,
+        )
+
+    def _no_tokenizer(self, what: str) -> str:
+        return (
+            f"{self.config.model} has no tokenizer (no tokenizer.json in its directory): "
+            f"{what} need one; give prompts as token ids, or add the model's tokenizer.json "
+            "and tokenizer_config.json"
         )
 
     def _tokenize(self, prompt: Prompt, add_generation_prompt: bool = True) -> list[int]:
+        if self.tokenizer is None and not (
+            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        ):
+            raise ValueError(self._no_tokenizer("text and chat prompts"))
         if isinstance(prompt, str):
             # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
             return self.tokenizer.encode(prompt, add_special_tokens=True)
@@ -659,9 +723,8 @@ class LLMEngine:
             return self.scheduler.update_from_output(scheduler_output, sampled, drafts)
 
     def _output(self, request: Request) -> RequestOutput:
-        text, _ = stop_cut(
-            self.tokenizer.decode(request.output_token_ids), request.sampling_params.stop_list
-        )
+        decoded = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
+        text, _ = stop_cut(decoded, request.sampling_params.stop_list)
         return RequestOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,

@@ -50,10 +50,14 @@ class RequestMetrics:
     num_cached_tokens_host: int = 0
     num_cached_tokens_disk: int = 0
     kv_load_s: float = 0.0
+    # Its JSON schema's compile (0 from the grammar cache), before arrival (Request says why).
+    grammar_compile_s: float = 0.0
     # The format the model's linear layers ran in (EngineConfig.weights, "auto" resolved).
     weights: str = "fp32"
     # The KV cache's dtype (EngineConfig.kv_cache_dtype, "auto" resolved).
     kv_cache_dtype: str = "float32"
+    # The request's scheduling class (lower first; see Scheduler.schedule).
+    priority: int = 0
 
     def lost_tokens(self) -> dict[str, int]:
         """{reason: tokens} of the prompt tokens that matched the cache but were recomputed."""
@@ -111,10 +115,14 @@ class KVTierStats:
     load_s: float = 0.0  # time spent reading (and checking) blocks
     num_evictions: int = 0  # for room: the byte budget
     num_expired: int = 0  # disk: not used for longer than the TTL
-    num_invalid: int = 0  # disk: truncated, corrupt, foreign or another version: deleted
+    # disk: a link, a special file, truncated, corrupt, forged, foreign, non-finite or another
+    # version: deleted, recomputed
+    num_invalid: int = 0
+    num_read_failures: int = 0  # disk: reads that failed (I/O) or did not come back in time
     num_blocks: int = 0  # held now (disk: as of the last sweep, plus writes since)
     bytes_used: int = 0
     writes_disabled: bool = False  # disk: read-only or full; reads go on
+    reads_disabled: bool = False  # disk: reads kept failing; the tier is off
 
     def snapshot(self) -> KVTierStats:
         return dataclasses.replace(self)

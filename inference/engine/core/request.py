@@ -44,6 +44,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     grammar: GrammarState | None = None
     generator: torch.Generator | None = None
+    # Scheduling class (vLLM's priority policy): lower is served first, FCFS within a class.
+    priority: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -72,6 +74,9 @@ class Request:
     kv_loaded_spans: list[tuple[int, int, str]] = field(default_factory=list)
     kv_load_s: float = 0.0
     num_offloaded_blocks: int = 0
+    # The time its JSON schema took to compile (or to come from the grammar cache) before the
+    # request was queued: not part of queue_s or e2e_s, which count from arrival.
+    grammar_compile_s: float = 0.0
     output_text: str = ""
     # Set when this request alone failed in the engine (sampling, its grammar, detokenizing, a
     # stop check): it is finished and its caller gets this error; the others go on.
@@ -150,6 +155,8 @@ class Request:
             num_cached_tokens_host=self.num_cached_tokens_from("host"),
             num_cached_tokens_disk=self.num_cached_tokens_from("disk"),
             kv_load_s=self.kv_load_s,
+            grammar_compile_s=self.grammar_compile_s,
             weights=weights,
             kv_cache_dtype=kv_cache_dtype,
+            priority=self.priority,
         )

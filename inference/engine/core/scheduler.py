@@ -23,6 +23,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inference.engine.core.metrics import SchedulerStats
@@ -84,26 +85,54 @@ class Scheduler:
         self.junctions: dict[str, list[int]] = {}
 
     def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
+        """Queue behind every waiting request of its class or a better one (FCFS in a class)."""
+        position = len(self.waiting)
+        while position > 0 and self.waiting[position - 1].priority > request.priority:
+            position -= 1
+        self.waiting.insert(position, request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        output = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        now = time.monotonic()
-        manager = self.kv_cache_manager
-        manager.new_step()
-        held = self._followers() if self.enable_shared_prefill else set()
-        chunk = self._prefill_chunk()
+        """One step, class by class (lower priority value first): top up the class's running
+        requests, then admit its waiting ones. `running` and `waiting` stay sorted by class,
+        so with one class this is plain FCFS, and a later class only gets what is left; while a
+        better class prefills, a worse one gets only its decode tokens."""
+        self.kv_cache_manager.new_step()
+        step = _Step(
+            output=SchedulerOutput(),
+            budget=self.max_num_batched_tokens,
+            now=time.monotonic(),
+            held=self._followers() if self.enable_shared_prefill else set(),
+            chunk=self._prefill_chunk(),
+        )
+        for priority in sorted({r.priority for r in [*self.running, *self.waiting]}):
+            if not self._top_up(step, priority):
+                break
+            self._admit(step, priority)
+        output = step.output
+        output.block_copies = self.kv_cache_manager.take_copies()
+        self.num_prefill_tokens += output.num_prefill_tokens
+        return output
 
-        index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk)
+    def _top_up(self, step: _Step, priority: int) -> bool:
+        """Schedule the running requests of this class (one token for those decoding, a chunk
+        for those prefilling), preempting from the end of `running` (the worst class, newest
+        first) when blocks run out; False when the step can take nothing more."""
+        manager = self.kv_cache_manager
+        output = step.output
+        while step.index < len(self.running) and step.budget > 0:
+            request = self.running[step.index]
+            if request.priority != priority:
+                return True
+            num_left = request.num_tokens - request.num_computed_tokens
+            if num_left > 1 and step.prefill_class is not None and step.prefill_class < priority:
+                step.index += 1  # a better class prefills this step: its first token comes first
+                continue
+            num_new = min(num_left, step.budget, step.chunk)
             junctions = self.junctions.get(request.request_id, ())
-            draft = self._draft(request, num_new, budget)
+            draft = self._draft(request, num_new, step.budget)
             num_drafted = num_new + len(draft)
             if draft and manager.allocate_slots(request, num_drafted, junctions=junctions) is None:
                 draft = []  # memory is short: no draft for it this step (nothing was allocated)
@@ -115,26 +144,45 @@ class Scheduler:
                 self._preempt(victim)
                 output.preempted_ids.append(victim.request_id)
                 if victim is request:
-                    break
-            if not draft and new_blocks is None:
-                break
+                    return False
             output.scheduled.append(self._scheduled(request, num_new + len(draft), draft))
-            budget -= num_new + len(draft)
-            index += 1
+            step.budget -= num_new + len(draft)
+            step.index += 1
+            if num_left > 1 and step.prefill_class is None:
+                step.prefill_class = priority
+        return step.budget > 0
 
-        for request in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.max_num_seqs or output.preempted_ids:
-                break  # out of budget or seats; or memory is short this step: admit no more
-            if request.request_id in held:
+    def _admit(self, step: _Step, priority: int) -> None:
+        """Admit this class's waiting requests while budget, seats and blocks allow; for a
+        seat or blocks, running requests of a worse class (not scheduled yet this step) are
+        preempted, worst and newest first."""
+        manager = self.kv_cache_manager
+        output = step.output
+        for request in [r for r in self.waiting if r.priority == priority]:
+            can_preempt = bool(self.running) and self.running[-1].priority > priority
+            if step.budget <= 0 or (output.preempted_ids and not can_preempt):
+                break  # out of budget; or memory is short this step: admit no more
+            if step.prefill_class is not None and step.prefill_class < priority:
+                break  # a better class prefills this step (see _top_up)
+            if request.request_id in step.held:
                 continue  # its head is being computed by a request ahead of it
             if request.kv_load_state == "loading":
                 continue  # its blocks are being loaded from a KV tier (kv/tiers)
+            while len(self.running) >= self.max_num_seqs and self._preempt_worse(step, priority):
+                pass
+            if len(self.running) >= self.max_num_seqs:
+                break  # out of seats
             hit, num_hit_tokens = manager.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit_tokens, budget, chunk)
+            num_new = min(request.num_tokens - num_hit_tokens, step.budget, step.chunk)
             if hit.junction:  # kept while it prefills past it
                 self._add_junction(request, hit.junction)
             junctions = self.junctions.get(request.request_id, ())
-            if manager.allocate_slots(request, num_new, hit, junctions) is None:
+            # A failed allocation takes nothing, and a victim's freed blocks stay cached, so
+            # the hit stays valid while worse requests make room.
+            while (allocated := manager.allocate_slots(request, num_new, hit, junctions)) is None:
+                if not self._preempt_worse(step, priority):
+                    break
+            if allocated is None:
                 break
             self.waiting.remove(request)
             request.num_computed_tokens = num_hit_tokens
@@ -145,14 +193,23 @@ class Scheduler:
                     self.reuse_sources.get(request.reuse_source, 0) + 1
                 )
             if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
+                request.first_scheduled_time = step.now
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self.running.insert(step.index, request)  # after its class, before worse ones
+            step.index += 1
+            if step.prefill_class is None:
+                step.prefill_class = priority
             output.scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
-        output.block_copies = manager.take_copies()
-        self.num_prefill_tokens += output.num_prefill_tokens
-        return output
+            step.budget -= num_new
+
+    def _preempt_worse(self, step: _Step, priority: int) -> bool:
+        """Preempt the last running request if its class is worse than `priority`."""
+        if len(self.running) <= step.index or self.running[-1].priority <= priority:
+            return False
+        victim = self.running.pop()
+        self._preempt(victim)
+        step.output.preempted_ids.append(victim.request_id)
+        return True
 
     def _prefill_chunk(self) -> int:
         """The most prompt tokens one request computes this step: the whole budget, or
@@ -389,4 +446,23 @@ class Scheduler:
         request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        # Ahead of every waiting request of its class: it was admitted before them.
+        position = 0
+        while position < len(self.waiting) and self.waiting[position].priority < request.priority:
+            position += 1
+        self.waiting.insert(position, request)
+
+
+@dataclass(slots=True)
+class _Step:
+    """What one `schedule` call has left and has planned so far."""
+
+    output: SchedulerOutput
+    budget: int
+    now: float
+    held: set[str]
+    chunk: int
+    index: int = 0  # running[:index] are scheduled this step (or held back by a better class)
+    # The best class with a request prefilling this step: worse classes get decode tokens only,
+    # so a better request's first token does not wait behind their prompt chunks.
+    prefill_class: int | None = None

@@ -45,9 +45,10 @@ from inference.engine.distributed.parallel_layers import (
 )
 from inference.engine.models import LoadedModel
 from inference.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
-from inference.engine.models.deepseek_v4.moe import MoE
+from inference.engine.models.deepseek_v4.moe import MLP, MoE
 from inference.engine.models.gemma3 import Gemma3ForCausalLM
 from inference.engine.models.llama import LlamaForCausalLM
+from inference.engine.models.packed.linear import Fp8Linear
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,46 +141,60 @@ def _shard_mlp(mlp: nn.Module, comm: Communicator) -> None:
 
 class ExpertParallelMoE(nn.Module):
     """A MoE layer's routed experts `experts` (a range of the expert ids) and this rank's part
-    of the shared expert; the sum over the ranks is the full layer's output."""
+    of the shared expert; the sum over the ranks is the full layer's output.
+
+    Experts loaded for this rank already (the streaming loader reads only a rank's range) are
+    kept as they are; a full set is sliced. A packed (FP8) shared expert is not split: its
+    128 x 128 scale blocks need not fall on the ranks' boundaries, and it is small next to the
+    routed experts (V4 Flash: ~25 MB a layer against ~3.2 GB), so rank 0 holds and computes it
+    whole and the others none of it."""
 
     def __init__(self, moe: MoE, comm: Communicator) -> None:
         super().__init__()
-        num_experts = moe.experts.gate_up_proj.shape[0]
+        num_experts = moe.gate.weight.shape[0]
         if num_experts < comm.world_size:
             raise ValueError(
                 f"the model has {num_experts} routed experts per layer; expert parallelism over "
                 f"{comm.world_size} ranks would leave a rank without one"
             )
-        self.experts = balanced_range(num_experts, comm.rank, comm.world_size)
-        lo, hi = self.experts.start, self.experts.stop
+        mine = balanced_range(num_experts, comm.rank, comm.world_size)
+        experts = moe.experts
+        self.experts = experts if experts.expert_ids == mine else experts.sliced(mine)
         self.gate = moe.gate
-        self.gate_up_proj = nn.Parameter(moe.experts.gate_up_proj.data[lo:hi].clone())
-        self.down_proj = nn.Parameter(moe.experts.down_proj.data[lo:hi].clone())
-        self.limit = moe.experts.limit
+        self.limit = experts.limit
         shared = moe.shared_experts
-        mine = balanced_range(shared.gate_proj.weight.shape[0], comm.rank, comm.world_size)
-        self.shared_gate = ColumnParallelLinear(shared.gate_proj, [mine])
-        self.shared_up = ColumnParallelLinear(shared.up_proj, [mine])
-        self.shared_down = nn.Parameter(
-            shared.down_proj.weight.data[:, mine.start : mine.stop].clone()
-        )
+        self.shared: nn.Module | None = None
+        if isinstance(shared.gate_proj, Fp8Linear):
+            self.shared = shared if comm.rank == 0 else None
+        else:
+            size = shared.gate_proj.weight.shape[0]
+            part = balanced_range(size, comm.rank, comm.world_size)
+            self.shared = MLP.__new__(MLP)
+            nn.Module.__init__(self.shared)
+            self.shared.limit = shared.limit
+            self.shared.gate_proj = ColumnParallelLinear(shared.gate_proj, [part])
+            self.shared.up_proj = ColumnParallelLinear(shared.up_proj, [part])
+            self.shared.down_proj = _Columns(shared.down_proj, part)
         self.comm = comm
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         indices, weights = self.gate(x, input_ids)  # (T, top_k) each, the same on every rank
-        gate = self.shared_gate(x).clamp(max=self.limit)
-        up = self.shared_up(x).clamp(min=-self.limit, max=self.limit)
-        out = F.linear(F.silu(gate) * up, self.shared_down)  # (T, hidden): a partial sum
-        for expert in indices.unique().tolist():
-            if expert not in self.experts:
-                continue
-            local = expert - self.experts.start
-            tokens, slot = torch.where(indices == expert)
-            gate, up = F.linear(x[tokens], self.gate_up_proj[local]).chunk(2, dim=-1)
-            h = F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
-            h = F.linear(h, self.down_proj[local]) * weights[tokens, slot, None]
-            out.index_add_(0, tokens, h.to(out.dtype))
+        out = self.experts(x, indices, weights)  # (T, hidden): a partial sum
+        if self.shared is not None:
+            out = out + self.shared(x)
         return self.comm.all_reduce(out)
+
+
+class _Columns(nn.Module):
+    """The input columns `columns` of a bias-free linear layer, no reduction (the caller's)."""
+
+    def __init__(self, linear: nn.Linear, columns: range) -> None:
+        super().__init__()
+        weight = linear.weight.data[:, columns.start : columns.stop].clone()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
 
 
 def _shard_deepseek_v4(model: DeepseekV4ForCausalLM, comm: Communicator) -> None:

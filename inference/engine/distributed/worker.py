@@ -26,6 +26,7 @@ from inference.engine.distributed.communicator import close_distributed, init_di
 from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.models import load_model
+from inference.engine.models.deepseek_v4.loader import Shard
 from inference.engine.runner.model_runner import RunnerSetup
 
 logger = logging.getLogger(__name__)
@@ -58,8 +59,10 @@ def run_worker(
             )
         if config.runner.num_threads:
             torch.set_num_threads(config.runner.num_threads)
-        loaded = load_model(config.model, device, config.seed)
-        loaded = shard_model(loaded, comm, expert_parallel=config.parallel.enable_expert_parallel)
+        expert_parallel = config.parallel.enable_expert_parallel
+        shard = Shard(rank, world_size) if expert_parallel else None  # its experts only
+        loaded = load_model(config.model, device, config.seed, shard=shard)
+        loaded = shard_model(loaded, comm, expert_parallel=expert_parallel)
         setup = comm.broadcast_message()
         if isinstance(setup, Shutdown):  # rank 0 failed before building its runner
             return

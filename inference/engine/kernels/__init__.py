@@ -8,9 +8,13 @@ its torch reference:
 - metadata: the kernel path's per-step metadata and its builder, which the runner picks
 - dispatch: the call a layer's attention makes with that metadata
 - reference: the torch references
+- quantized_matmul: FP8 block-scaled linear and FP4 grouped experts over DeepSeek's packed
+  weights, dequantized a tile at a time in registers
+- quantized_dispatch: what a model calls for those (CUDA: the kernels; else the torch path, which
+  is their reference)
 
-The kernel modules import triton; metadata and reference are plain torch, and the torch path
-(inference/engine/attention/attention.py) never imports triton. On CPU the kernels run only under
-triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which is how the test
-suite checks them.
+The kernel modules import triton; metadata, reference and quantized_dispatch are plain torch,
+and the torch path (inference/engine/attention/attention.py) never imports triton. On CPU the
+kernels run only under triton's interpreter (TRITON_INTERPRET=1 set before triton is imported),
+which is how the test suite checks them.
 """

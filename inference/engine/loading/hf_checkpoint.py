@@ -49,10 +49,17 @@ def _is_wide_float(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and tensor.element_size() > 1
 
 
+def has_hf_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer.json").is_file()
+
+
 def read_hf_tokenizer(path: Path) -> Tokenizer:
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
-        raise ValueError(f"{path} has no tokenizer.json")
+        raise ValueError(
+            f"{path} has no tokenizer.json: its model serves prompts given as token ids only; "
+            "copy the model's tokenizer.json (and tokenizer_config.json) there for text"
+        )
     backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     settings_file = path / "tokenizer_config.json"
     settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}

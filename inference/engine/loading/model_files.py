@@ -67,7 +67,8 @@ def gguf_path_for(name: str) -> Path:
             return path
         raise ValueError(
             f"unknown model {name!r}: use one of {known_model_names()}, a path to a .gguf file "
-            "or a Hugging Face checkpoint directory (config.json + *.safetensors + tokenizer.json)"
+            "or a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json "
+            "for text)"
         )
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:

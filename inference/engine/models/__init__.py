@@ -19,6 +19,7 @@ from torch import nn
 from inference.engine.loading.gguf_file import open_gguf, read_metadata, read_tensors
 from inference.engine.loading.hf_checkpoint import (
     HF_MODEL_TYPES,
+    has_hf_tokenizer,
     is_hf_checkpoint,
     read_hf_config,
     read_hf_tokenizer,
@@ -28,6 +29,7 @@ from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_f
 from inference.engine.loading.tokenizer import Tokenizer
 from inference.engine.models import deepseek_v4, gemma3, llama
 from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
+from inference.engine.models.deepseek_v4.loader import Shard, load_deepseek_v4
 from inference.engine.models.quantized_linear import quantize_model
 
 logger = logging.getLogger(__name__)
@@ -80,21 +82,28 @@ def resolve_weights(weights: str, arch: str, device: torch.device) -> str:
 class LoadedModel:
     model: nn.Module
     config: Any  # the architecture's config dataclass
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: a checkpoint without one serves token-id prompts only
     fingerprint: str  # part of every block hash: different weights never share KV
     max_model_len: int
     weights: str = "fp32"  # the format the linear layers run (resolve_weights)
 
 
 def load_model(
-    name: str, device: torch.device, seed: int = 0, weights: str = "fp32"
+    name: str,
+    device: torch.device,
+    seed: int = 0,
+    weights: str = "fp32",
+    shard: Shard | None = None,
 ) -> LoadedModel:
+    """`shard`: under expert parallelism, the rank whose share of a DeepSeek-V4 checkpoint's
+    routed experts is read (the rest of the split is distributed.sharding's, after loading);
+    other models load whole and are split after."""
     started = time.monotonic()
     if name == deepseek_v4_tiny.NAME:  # written once as a checkpoint directory, then loaded as one
-        return _load_hf_checkpoint(deepseek_v4_tiny.tiny_checkpoint(seed), device, weights)
+        return _load_hf_checkpoint(deepseek_v4_tiny.tiny_checkpoint(seed), device, weights, shard)
     path = gguf_path_for(name)
     if is_hf_checkpoint(path):
-        return _load_hf_checkpoint(path, device, weights)
+        return _load_hf_checkpoint(path, device, weights, shard)
     reader = open_gguf(path)
     metadata = read_metadata(reader)
     tokenizer = Tokenizer.from_gguf_metadata(metadata)
@@ -144,16 +153,21 @@ def load_tokenizer(name: str, seed: int = 0) -> Tokenizer:
     return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)))
 
 
-def _load_hf_checkpoint(path, device: torch.device, weights: str) -> LoadedModel:
+def _load_hf_checkpoint(
+    path, device: torch.device, weights: str, shard: Shard | None = None
+) -> LoadedModel:
     hf_config = read_hf_config(path)
     arch = HF_MODEL_TYPES[hf_config["model_type"]]
     config_cls, model_cls, _ = ARCHITECTURES[arch]
     weights = resolve_weights(weights, arch, device)
     config = config_cls.from_hf_config(hf_config)
-    tokenizer = read_hf_tokenizer(path)
-    model = model_cls(config)
-    model.load_hf_weights(read_hf_weights(path))
-    quantize_model(model, weights)
+    tokenizer = read_hf_tokenizer(path) if has_hf_tokenizer(path) else None
+    if arch == "deepseek_v4":  # streamed, FP8/FP4 kept packed, this rank's experts only
+        model = load_deepseek_v4(path, config, device, shard)
+    else:
+        model = model_cls(config)
+        model.load_hf_weights(read_hf_weights(path))
+        quantize_model(model, weights)
     sizes = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))
     key = f"{path.resolve()}:{sizes}:{config}" + (f":{weights}" if weights != "fp32" else "")
     fingerprint = hashlib.sha256(key.encode()).hexdigest()

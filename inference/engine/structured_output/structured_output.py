@@ -94,7 +94,7 @@ class GrammarState:
 class StructuredOutputManager:
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,  # None: a model without one; no grammar can be compiled
         model_vocab_size: int,
         *,
         limits: SchemaLimits | None = None,
@@ -103,30 +103,43 @@ class StructuredOutputManager:
         cache_bytes: int = 256 << 20,
     ) -> None:
         self.vocab_size = model_vocab_size
+        self.limits = limits or SchemaLimits()
+        self.compile_timeout_s = compile_timeout_s
+        self._pool = None
+        self._compiler = None
+        self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
+        self.cache = GrammarCache(self._compile, cache_bytes)
+        if tokenizer is None:
+            self._info = None
+            return
         self._info = xgr.TokenizerInfo(
             tokenizer.vocab,
             _VOCAB_TYPES[tokenizer.vocab_type],
             vocab_size=model_vocab_size,
             stop_token_ids=sorted(tokenizer.stop_token_ids),
         )
-        self.limits = limits or SchemaLimits()
-        self.compile_timeout_s = compile_timeout_s
-        self._pool = None
-        self._compiler = None
         if max_compile_workers > 0:
             self._pool = shared_pools.acquire(
                 self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
             )
         else:
             self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
-        self.cache = GrammarCache(self._compile, cache_bytes)
-        self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
 
     def grammar_for(self, schema_text: str) -> GrammarState:
         """A matcher for the schema, compiled (or taken from the cache) in the caller's thread;
         ValueError for a schema over the limits, invalid, or past the compile deadline."""
+        if self._info is None:
+            raise ValueError(
+                "structured output (a JSON schema) needs the model's tokenizer: this model has "
+                "none (no tokenizer.json in its directory)"
+            )
         check_schema(schema_text, self.limits)
         return GrammarState(self.cache.get(schema_text))
+
+    def precompile(self, schema_text: str) -> None:
+        """Compile the schema into the cache now (a no-op once it is there), so the requests
+        that use it later start without waiting; ValueError as grammar_for."""
+        self.grammar_for(schema_text)
 
     def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
         if self._pool is not None:

@@ -4,6 +4,9 @@
   `real_model`).
 - `smollm2_metadata`: that file's metadata as plain Python values, read once per session
   (reading the 49,152-entry vocabulary takes a few seconds).
+- `mid_v4_checkpoint`: a mid-size DeepSeek-V4 checkpoint in DeepSeek's layout (FP8 linears,
+  FP4 experts, 64 MB shards, no tokenizer; bench.load_checkpoint.mid_config: 0.43 GB packed,
+  3.4 GB as fp32), written once per session (seconds) into a temporary directory.
 """
 
 from __future__ import annotations
@@ -20,6 +23,16 @@ from inference.engine.loading.model_files import gguf_path_for
 @pytest.fixture(scope="session")
 def smollm2_gguf_path() -> Path:
     return gguf_path_for("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def mid_v4_checkpoint(tmp_path_factory) -> Path:
+    from inference.engine.bench.load_checkpoint import mid_config
+    from inference.engine.models.deepseek_v4.packed_checkpoint import write_packed_checkpoint
+
+    path = tmp_path_factory.mktemp("mid-v4")
+    write_packed_checkpoint(path, mid_config(), seed=0)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Loading DeepSeek-V4 in DeepSeek's own checkpoint layout: its tensor names, FP8 linears with a
 scale per 128 x 128 block, FP4 experts (two e2m1 per byte) with an e8m0 scale per 32 inputs,
 per-expert matrices, and shards. The quantized values are built exactly representable, so the
-dequantized weights must come back exactly."""
+dequantized weights must come back exactly; FP8/FP4 are held packed (models/packed)."""
 
 from __future__ import annotations
 
@@ -14,59 +14,46 @@ import torch
 from safetensors.torch import save_file
 
 from inference.engine.models import load_model
+from inference.engine.models.deepseek_v4.packed_checkpoint import to_deepseek_name
 from inference.engine.models.deepseek_v4.tiny import NAME, tiny_checkpoint
-from inference.engine.models.deepseek_v4.weights import dequantize, to_model_names, unpack_fp4
-
-# Our (transformers') names → DeepSeek's, applied in order: the inverse of the loader's map.
-_TO_DEEPSEEK = [
-    (".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
-    (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
-    (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
-    (".self_attn.", ".attn."),
-    (".compressor.kv_norm.", ".compressor.norm."),
-    (".kv_proj.", ".wkv."),
-    (".gate_proj.", ".wgate."),
-    (".position_bias", ".ape"),
-    (".q_a_proj.", ".wq_a."),
-    (".q_b_proj.", ".wq_b."),
-    (".o_a_proj.", ".wo_a."),
-    (".o_b_proj.", ".wo_b."),
-    (".q_a_norm.", ".q_norm."),
-    (".sinks", ".attn_sink"),
-    (".input_layernorm.", ".attn_norm."),
-    (".post_attention_layernorm.", ".ffn_norm."),
-    (".attn_hc.", ".hc_attn_"),
-    (".ffn_hc.", ".hc_ffn_"),
-    (".mlp.gate.e_score_correction_bias", ".ffn.gate.bias"),
-    (".shared_experts.wgate.", ".shared_experts.w1."),
-    (".shared_experts.down_proj.", ".shared_experts.w2."),
-    (".shared_experts.up_proj.", ".shared_experts.w3."),
-    (".mlp.", ".ffn."),
-]
+from inference.engine.models.packed.dequantized import dequantized_state_dict
+from inference.engine.models.packed.experts import Fp4Experts
+from inference.engine.models.packed.formats import dequantize_fp4, dequantize_fp8, unpack_fp4
+from inference.engine.models.packed.linear import Fp8Linear
 
 
 def deepseek_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's tensors as DeepSeek's checkpoint names and splits them (experts one by one)."""
     out = {}
     for name, tensor in state.items():
-        if name == "lm_head.weight":
-            out["head.weight"] = tensor
-            continue
-        name = name.removeprefix("model.").replace("mtp.0.block.", "mtp.0.")
-        name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
-        name = name.replace("hc_head.hc_", "hc_head_")
-        for ours, theirs in _TO_DEEPSEEK:
-            name = name.replace(ours, theirs)
         if name.endswith(".experts.gate_up_proj"):
-            prefix, half = name.removesuffix(".gate_up_proj"), tensor.shape[1] // 2
+            prefix, half = (
+                to_deepseek_name(name.removesuffix(".gate_up_proj")),
+                tensor.shape[1] // 2,
+            )
             for i, matrix in enumerate(tensor):
                 out[f"{prefix}.{i}.w1.weight"] = matrix[:half]
                 out[f"{prefix}.{i}.w3.weight"] = matrix[half:]
         elif name.endswith(".experts.down_proj"):
             for i, matrix in enumerate(tensor):
-                out[f"{name.removesuffix('.down_proj')}.{i}.w2.weight"] = matrix
+                out[f"{to_deepseek_name(name.removesuffix('.down_proj'))}.{i}.w2.weight"] = matrix
         else:
-            out[name] = tensor
+            out[to_deepseek_name(name)] = tensor
     return out
+
+
+def write_checkpoint(path, tensors: dict[str, torch.Tensor], num_shards: int = 2) -> None:
+    """`tensors` in `num_shards` safetensors files, beside the tiny model's config and tokenizer."""
+    source = tiny_checkpoint(0)
+    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / file, path / file)
+    names = sorted(tensors)
+    for i in range(num_shards):
+        part = names[i * len(names) // num_shards : (i + 1) * len(names) // num_shards]
+        save_file(
+            {n: tensors[n].contiguous() for n in part},
+            str(path / f"model-0000{i + 1}-of-0000{num_shards}.safetensors"),
+        )
 
 
 def _ours(deepseek_name: str) -> str:
@@ -81,7 +68,7 @@ def state():
     return load_model(NAME, torch.device("cpu")).model.state_dict()
 
 
-def test_deepseek_names_map_back_to_ours(state):
+def test_deepseek_names_map_back_to_ours(state, tmp_path):
     checkpoint = deepseek_names(state)
     assert "layers.1.attn.indexer.compressor.ape" in checkpoint
     assert "layers.2.ffn.experts.7.w3.weight" in checkpoint and "hc_head_fn" in checkpoint
@@ -89,7 +76,8 @@ def test_deepseek_names_map_back_to_ours(state):
     assert "mtp.0.attn.wq_a.weight" in checkpoint and "mtp.0.hc_head_fn" in checkpoint
     assert "mtp.0.ffn.experts.7.w2.weight" in checkpoint and "mtp.0.norm.weight" in checkpoint
     assert "mtp.0.hc_attn_fn" in checkpoint and "mtp.0.e_proj.weight" in checkpoint
-    loaded = to_model_names(checkpoint)
+    write_checkpoint(tmp_path, checkpoint)
+    loaded = load_model(str(tmp_path), torch.device("cpu")).model.state_dict()
     assert sorted(loaded) == sorted(state)
     for name, tensor in state.items():
         assert torch.equal(loaded[name], tensor), name
@@ -97,11 +85,11 @@ def test_deepseek_names_map_back_to_ours(state):
 
 def test_fp8_blocks_and_fp4_experts_dequantize_exactly():
     rng = torch.Generator().manual_seed(0)
-    # FP8: a 256 x 384 weight, 2 x 3 blocks of 128 x 128, each with its own scale
+    # FP8: a 256 x 384 weight, 2 x 3 blocks of 128 x 128, each with its own scale (formats.py)
     scales = torch.rand(2, 3, generator=rng) + 0.5
     fp8 = (torch.randn(256, 384, generator=rng) * 100).to(torch.float8_e4m3fn)
     expected = fp8.float() * scales.repeat_interleave(128, 0).repeat_interleave(128, 1)
-    assert torch.equal(dequantize(fp8, scales), expected)
+    assert torch.equal(dequantize_fp8(fp8, scales), expected)
     # FP4: 4 x 64 values as 4 x 32 bytes, low nibble first; e8m0 scales per 32 inputs
     codes = torch.randint(0, 16, (4, 64), generator=rng)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
@@ -110,7 +98,7 @@ def test_fp8_blocks_and_fp4_experts_dequantize_exactly():
     assert torch.equal(unpack_fp4(packed), values)
     exponents = torch.randint(120, 134, (4, 2), generator=rng).to(torch.uint8)
     powers = (exponents.float() - 127).exp2().repeat_interleave(32, 1)
-    assert torch.equal(dequantize(packed, exponents), values * powers)
+    assert torch.equal(dequantize_fp4(packed, exponents), values * powers)
 
 
 def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp_path):
@@ -152,18 +140,14 @@ def test_a_quantized_sharded_checkpoint_loads_as_the_model_it_encodes(state, tmp
         else:
             expected[prefix + "down_proj"] = expected[prefix + "down_proj"].clone()
             expected[prefix + "down_proj"][index] = value
-    source = tiny_checkpoint(0)
-    for file in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / file, tmp_path / file)
-    names = sorted(checkpoint)
-    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
-        save_file(
-            {n: checkpoint[n].contiguous() for n in part},
-            str(tmp_path / f"model-0000{i + 1}-of-00002.safetensors"),
-        )
+    write_checkpoint(tmp_path, checkpoint)
     loaded = load_model(str(tmp_path), torch.device("cpu"))
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "deepseek_v4"
-    for name, tensor in loaded.model.state_dict().items():
+    assert isinstance(loaded.model.model.layers[0].self_attn.q_a_proj, Fp8Linear)
+    assert isinstance(loaded.model.model.layers[0].mlp.experts, Fp4Experts)
+    held = dequantized_state_dict(loaded.model)
+    assert sorted(held) == sorted(expected)
+    for name, tensor in held.items():
         assert torch.equal(tensor, expected[name]), name
 
 

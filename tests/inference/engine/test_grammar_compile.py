@@ -152,3 +152,17 @@ def test_a_compile_that_ends_before_its_clock_is_read_is_answered(make_tiny_engi
     for i in range(200):  # each a new schema, so none is served from the cache
         schema = {"type": "object", "properties": {f"k{i}": {"type": "integer"}}}
         assert engine.structured.grammar_for(json.dumps(schema)) is not None
+
+
+def test_compile_time_is_its_own_metric_and_a_cached_schema_costs_none(make_tiny_engine):
+    # issue 33, item 6: a decision's compile shows apart from queue / prefill / decode.
+    engine = make_tiny_engine()
+    schema = _slow_schema("metric")
+    (first,) = engine.generate("hi", SamplingParams(max_tokens=4, json_schema=schema))
+    (again,) = engine.generate("hi", SamplingParams(max_tokens=4, json_schema=schema))
+    (plain,) = engine.generate("hi", SamplingParams(max_tokens=4))
+    assert first.metrics.grammar_compile_s > 0.2  # seconds of xgrammar (see _slow_schema)
+    assert again.metrics.grammar_compile_s < first.metrics.grammar_compile_s / 10  # the cache
+    assert plain.metrics.grammar_compile_s == 0.0
+    # Compiled before arrival: not counted again in the queue time.
+    assert first.metrics.queue_s < first.metrics.grammar_compile_s

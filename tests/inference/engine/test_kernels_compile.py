@@ -1,7 +1,8 @@
 """The kernels compile for an H100/H200 (sm_90) on this CPU-only machine: triton's compiler and
 ptxas run without a GPU. The interpreter checks what the kernels compute; this checks what it
 cannot: that the compiler accepts them (types merged across branches, dot shapes, casts) in the
-configurations the launchers use for SmolLM2 and Gemma 3 in bf16/fp16 and for fp32."""
+configurations the launchers use for SmolLM2 and Gemma 3 in bf16/fp16 and for fp32, and the
+quantized matmuls (FP8 linear, FP4 experts) at DeepSeek V4 Flash's tile shapes."""
 
 import pytest
 import triton
@@ -11,6 +12,10 @@ from triton.compiler import ASTSource
 from inference.engine.kernels.copy_slots import _copy_slots_kernel
 from inference.engine.kernels.decode_attention import _decode_kernel, _merge_kernel
 from inference.engine.kernels.prefill_attention import _prefill_kernel
+from inference.engine.kernels.quantized_matmul import (
+    _fp4_grouped_kernel,
+    _fp8_block_linear_kernel,
+)
 from inference.engine.kernels.store_kv import _store_kv_kernel
 
 pytestmark = pytest.mark.skipif(
@@ -25,11 +30,16 @@ DATA_POINTERS = ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_p
 MODELS = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}
 
 
-def _compile(kernel, dtype: str, constexprs: dict, num_warps: int = 4) -> bytes:
+def _compile(
+    kernel, dtype: str, constexprs: dict, num_warps: int = 4, pointers: dict | None = None
+) -> bytes:
+    """pointers: the types of the arguments the lists below do not cover (or type otherwise)."""
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif pointers and name in pointers:
+            signature[name] = pointers[name]
         elif name in DATA_POINTERS:
             signature[name] = f"*{dtype}"
         elif name in INDEX_POINTERS:
@@ -76,3 +86,20 @@ def test_fp32_decode_and_the_copy_kernels_compile_for_sm90():
     store = dict(NUM_KV_HEADS=3, HEAD_DIM=64, BLOCK_H=4, BLOCK_D=64)
     assert _compile(_store_kv_kernel, "bf16", store)
     assert _compile(_copy_slots_kernel, "bf16", dict(ROW=192, BLOCK=256), num_warps=2)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_quantized_matmul_kernels_compile_for_sm90(dtype):
+    precision = "ieee" if dtype == "fp32" else "tf32"
+    for scale_type, e8m0 in (("*fp32", False), ("*u8", True)):
+        fp8 = dict(SCALE_BLOCK=128, SCALE_E8M0=e8m0, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
+                   UPCAST=False, PRECISION=precision)  # fmt: skip
+        pointers = {"x_ptr": f"*{dtype}", "w_ptr": "*u8", "scale_ptr": scale_type,
+                    "out_ptr": "*fp32"}  # fmt: skip
+        assert _compile(_fp8_block_linear_kernel, dtype, fp8, pointers=pointers)
+    # V4 Flash's 256 routed experts: eight bisection steps find a tile's expert.
+    fp4 = dict(NUM_EXPERTS=256, SEARCH_STEPS=8, GROUP=32, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
+               UPCAST=False, PRECISION=precision)  # fmt: skip
+    pointers = {"x_ptr": f"*{dtype}", "w_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*fp32",
+                "offsets_ptr": "*i64", "tile_starts_ptr": "*i32"}  # fmt: skip
+    assert _compile(_fp4_grouped_kernel, dtype, fp4, pointers=pointers)

@@ -99,7 +99,12 @@ def test_a_bfloat16_cache_holds_twice_the_blocks_of_the_same_budget():
 def test_a_head_written_to_disk_in_bfloat16_is_read_back_by_a_bfloat16_engine_only(tmp_path):
     rng = random.Random(9)
     prompt = [rng.randrange(1000, 30000) for _ in range(70)]
-    tiers = dict(model="smollm2-tiny-random", num_kv_blocks=256, kv_disk_cache_dir=str(tmp_path))
+    tiers = dict(
+        model="smollm2-tiny-random",
+        num_kv_blocks=256,
+        kv_disk_cache_dir=str(tmp_path),
+        kv_disk_cache_key=b"one key for the writer and readers",  # engines that share files
+    )
     writer = LLMEngine(EngineConfig(**tiers, kv_cache_dtype="bfloat16"))
     try:
         (written,) = writer.generate([prompt], GREEDY)

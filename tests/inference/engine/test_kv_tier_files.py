@@ -21,6 +21,7 @@ from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.host_tier import HostTier
 
 LAYOUT = BlockLayout("model-a", "full", 4, (2, 4, 1, 8), "float32")
+KEY = b"tests: a deployment's kv key"
 
 
 def block(i: int) -> tuple[BlockHash, tuple[int, ...], torch.Tensor]:
@@ -31,8 +32,8 @@ def block(i: int) -> tuple[BlockHash, tuple[int, ...], torch.Tensor]:
 
 def test_a_block_round_trips_and_every_kind_of_damage_is_refused():
     block_hash, tokens, payload = block(1)
-    raw = encode_block(LAYOUT, block_hash, tokens, payload)
-    got_tokens, got = decode_block(LAYOUT, block_hash, raw)
+    raw = encode_block(KEY, LAYOUT, block_hash, tokens, payload)
+    got_tokens, got = decode_block(KEY, LAYOUT, block_hash, raw)
     assert got_tokens == tokens and torch.equal(got, payload)
 
     flipped = bytearray(raw)
@@ -40,7 +41,7 @@ def test_a_block_round_trips_and_every_kind_of_damage_is_refused():
     version = bytearray(raw)
     version[4:8] = struct.pack("<I", 99)
     foreign = encode_block(
-        dataclasses.replace(LAYOUT, model_fingerprint="model-b"), block_hash, tokens, payload
+        KEY, dataclasses.replace(LAYOUT, model_fingerprint="model-b"), block_hash, tokens, payload
     )
     other_hash = hash_block_tokens(None, (9, 9, 9, 9), b"x")
     cases = {
@@ -50,14 +51,16 @@ def test_a_block_round_trips_and_every_kind_of_damage_is_refused():
         "foreign block": foreign,
     }
     for reason, damaged in cases.items():
-        with pytest.raises(BlockFileError, match=reason if reason != "corrupt" else "checksum"):
-            decode_block(LAYOUT, block_hash, damaged)
+        with pytest.raises(
+            BlockFileError, match=reason if reason != "corrupt" else "authentication"
+        ):
+            decode_block(KEY, LAYOUT, block_hash, damaged)
     with pytest.raises(BlockFileError, match="another block's name"):
-        decode_block(LAYOUT, other_hash, raw)
+        decode_block(KEY, LAYOUT, other_hash, raw)
 
 
 def test_disk_tier_reads_what_it_wrote_and_deletes_a_damaged_file(tmp_path):
-    disk = DiskTier(str(tmp_path), 1 << 20, ttl_s=3600)
+    disk = DiskTier(str(tmp_path), 1 << 20, ttl_s=3600, key=KEY)
     block_hash, tokens, payload = block(1)
     disk.put(LAYOUT, block_hash, tokens, payload)
     assert torch.equal(disk.get(LAYOUT, block_hash, tokens), payload)
@@ -73,7 +76,7 @@ def test_disk_tier_reads_what_it_wrote_and_deletes_a_damaged_file(tmp_path):
 
 def test_sweep_expires_by_last_use_then_evicts_oldest_last_use_past_the_budget(tmp_path):
     blocks = [block(i) for i in range(5)]
-    file_bytes = len(encode_block(LAYOUT, *blocks[0]))
+    file_bytes = len(encode_block(KEY, LAYOUT, *blocks[0]))
     disk = DiskTier(str(tmp_path), capacity_bytes=2 * file_bytes, ttl_s=100)
     now = 1_000_000.0
     # Written at now-500 (0), now-50 (1), now-40 (2), now-30 (3), now-20 (4).
@@ -122,7 +125,7 @@ def test_host_tier_evicts_least_recently_used_past_its_budget():
 
 
 def test_an_unwritable_directory_disables_writes_once_and_reads_go_on(tmp_path, caplog):
-    disk = DiskTier(str(tmp_path), 1 << 20, ttl_s=3600)
+    disk = DiskTier(str(tmp_path), 1 << 20, ttl_s=3600, key=KEY)
     first = block(1)
     disk.put(LAYOUT, *first)
     os.chmod(tmp_path, 0o555)
@@ -153,7 +156,8 @@ def test_a_bfloat16_block_round_trips_bit_for_bit():
     layout = dataclasses.replace(LAYOUT, dtype="bfloat16")
     block_hash, tokens, payload = block(3)
     payload = (payload / 7).to(torch.bfloat16)
-    _, got = decode_block(layout, block_hash, encode_block(layout, block_hash, tokens, payload))
+    raw = encode_block(KEY, layout, block_hash, tokens, payload)
+    _, got = decode_block(KEY, layout, block_hash, raw)
     assert got.dtype == torch.bfloat16 and torch.equal(
         got.view(torch.int16), payload.view(torch.int16)
     )

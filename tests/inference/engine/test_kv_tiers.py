@@ -20,12 +20,19 @@ from inference.engine.core.request import Request
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import extra_keys, hash_request_blocks
 from inference.engine.kv.kv_cache_manager import KVCacheManager
-from inference.engine.kv.tiers.block_file import decode_block, encode_block
+from inference.engine.kv.tiers.block_file import FORMAT_VERSION, decode_block, encode_block
 from tests.inference.engine.helpers import ROUNDING, random_tokens, smollm2_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-TINY = dict(model="smollm2-tiny-random", num_kv_blocks=64, max_num_batched_tokens=64)
+# Engines that share a directory share its key (an engine without one trusts its own files only).
+KEY = "tests: the deployment's shared kv key"
+TINY = dict(
+    model="smollm2-tiny-random",
+    num_kv_blocks=64,
+    max_num_batched_tokens=64,
+    kv_disk_cache_key=KEY,
+)
 
 
 def prompts(seed: int, head: int = 160, tail: int = 20) -> tuple[list[int], list[int], list[int]]:
@@ -113,16 +120,19 @@ def test_without_tiers_nothing_is_loaded_and_a_cold_prompt_loads_nothing(tmp_pat
     plain.shutdown()
 
 
-WRITER = """
+WRITER = (
+    f"KEY = {KEY!r}\n"
+    + """
 import sys
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 config = dict(model="smollm2-tiny-random", num_kv_blocks=64, max_num_batched_tokens=64)
-engine = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=sys.argv[1]))
+engine = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=sys.argv[1], kv_disk_cache_key=KEY))
 tokens = [int(t) for t in sys.argv[2].split(",")]
 engine.generate([tokens], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
 assert engine.flush_kv_tiers()
 engine.shutdown()
 """
+)
 
 
 def test_a_new_process_reuses_a_head_two_other_processes_wrote_at_once(tmp_path, reference):
@@ -160,7 +170,7 @@ def _flip_a_byte(path: str) -> None:
 def _bump_version(path: str) -> None:
     with open(path, "r+b") as f:
         f.seek(4)
-        f.write(struct.pack("<I", 2))
+        f.write(struct.pack("<I", FORMAT_VERSION + 1))
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign model", "wrong version"])
@@ -182,10 +192,10 @@ def test_a_damaged_file_is_detected_deleted_and_recomputed(tmp_path, reference, 
     else:  # a valid file of another model, under this block's name
         block_hash = bytes.fromhex(Path(damaged).stem)
         with open(damaged, "rb") as f:
-            tokens, payload = decode_block(layout, block_hash, f.read())
+            tokens, payload = decode_block(KEY.encode(), layout, block_hash, f.read())
         foreign = dataclasses.replace(layout, model_fingerprint="another-model")
         with open(damaged, "wb") as f:
-            f.write(encode_block(foreign, block_hash, tokens, payload))
+            f.write(encode_block(KEY.encode(), foreign, block_hash, tokens, payload))
     reader = make(tmp_path)
     try:
         out = reader.generate([second], GREEDY)[0]
@@ -196,17 +206,19 @@ def test_a_damaged_file_is_detected_deleted_and_recomputed(tmp_path, reference, 
         assert os.path.exists(damaged)  # recomputed and written again, valid
         with open(damaged, "rb") as f:
             raw = f.read()
-        decode_block(reader.offloader.layout, bytes.fromhex(Path(damaged).stem), raw)
+        decode_block(KEY.encode(), reader.offloader.layout, bytes.fromhex(Path(damaged).stem), raw)
     finally:
         reader.shutdown()
 
 
-FULL_DISK = """
+FULL_DISK = (
+    f"KEY = {KEY!r}\n"
+    + """
 import logging, resource, signal, sys, json
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 logging.basicConfig(level=logging.WARNING)
 config = dict(model="smollm2-tiny-random", num_kv_blocks=64, max_num_batched_tokens=64)
-engine = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=sys.argv[1]))
+engine = LLMEngine(EngineConfig(**config, kv_disk_cache_dir=sys.argv[1], kv_disk_cache_key=KEY))
 # From here on no file may grow past 1 KiB (a block file is ~8 KiB): the disk is "full".
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
@@ -218,6 +230,7 @@ print(json.dumps({"tokens": [o.token_ids for o in outputs], "disabled": stats.wr
                   "written": stats.bytes_written}))
 engine.shutdown()
 """
+)
 
 
 def test_a_full_disk_disables_writes_with_one_warning_and_the_engine_serves_on(tmp_path, reference):
@@ -261,6 +274,7 @@ def test_gemma3_resumes_from_disk_where_the_device_pool_would(tmp_path, interval
         num_kv_blocks=200,
         max_num_batched_tokens=256,
         retention_interval=interval,
+        kv_disk_cache_key=KEY,
         **ROUNDING,
     )
     pool_only = LLMEngine(EngineConfig(**config))
@@ -313,7 +327,12 @@ def test_where_supported_deepseek_v4_runs_without_the_tiers(tmp_path):
 @pytest.mark.real_model
 def test_smollm2_resumes_a_head_from_disk_with_the_same_greedy_output(tmp_path):
     _, first, second = prompts(41, head=96, tail=10)
-    config = dict(model="smollm2-135m-instruct", num_kv_blocks=64, max_num_batched_tokens=128)
+    config = dict(
+        model="smollm2-135m-instruct",
+        num_kv_blocks=64,
+        max_num_batched_tokens=128,
+        kv_disk_cache_key=KEY,
+    )
     plain = LLMEngine(EngineConfig(**config))
     try:
         expected = plain.generate([second], GREEDY)[0].token_ids

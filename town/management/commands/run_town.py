@@ -4,21 +4,25 @@ median end-to-end, prompt tokens."""
 
 from __future__ import annotations
 
+import contextlib
+
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from inference.nodes import nodes_without_worker
 from town import services
+from town.errors import RunStateError
 from town.management.commands.create_run import add_run_arguments, run_create_from_options
 from town.models import Run
-from town.selectors import run_summary
+from town.selectors import run_summary, tick_failure
 from town.simulation import InlineSend, lease_owner_name, tick_run
 from town.tasks import decision_send
 
 
 def run_ticks(command: BaseCommand, *, ticks: int, inline: bool, **options) -> Run | None:
     """Create a run from the command's options and run it for `ticks` ticks; None when Ctrl-C
-    stopped it (it can be resumed)."""
+    stopped it (it can be resumed). CommandError (a non-zero exit) when a tick's decisions all
+    failed, with the first one's error."""
     if ticks < 1:
         raise CommandError(f"--ticks must be at least 1, got {ticks}")
     run = run_create_from_options(ticks_target=ticks, **options)
@@ -47,6 +51,11 @@ def run_ticks(command: BaseCommand, *, ticks: int, inline: bool, **options) -> R
                 tick = tick_run(run_id=run.pk, send=send, owner=owner, progress=bar.update)
                 if tick is None:
                     raise CommandError(f"run {run.pk} is being advanced by another process")
+                failure = tick_failure(tick=tick)
+                if failure is not None:  # the next tick would fail the same way
+                    with contextlib.suppress(RunStateError):  # its last tick: finished already
+                        services.run_stop(run=run)
+                    raise CommandError(failure)
     except KeyboardInterrupt:
         services.run_stop(run=run)
         command.stdout.write(f"stopped; resume with: manage.py run_control {run.pk} resume")

@@ -7,15 +7,18 @@ pool in one gather per KV cache group (the only work on the loop thread), and th
 (writer.py) puts them in the host tier and on disk. A block written or loaded lately is not
 written again.
 
-Loads: a request not yet admitted whose chain goes past the device pool's hits is looked up
-by the load thread (loader.py), block by block (host, then disk), as far as consecutive blocks
-are found. The request is "loading" meanwhile: the scheduler skips it, and every other
-request's steps go on. Before the next schedule the loop thread installs what was found: fresh
+Loads: a request not yet admitted whose chain goes past the device pool's hits is looked up by a
+load thread (loader.py), block by block (host, then disk), as far as consecutive blocks are
+found. The request is "loading" meanwhile: the scheduler skips it, and every other request's
+steps go on. A load that has read no block for `load_timeout_s` (a stuck mount, a file that
+never answers) is given up: the request recomputes, the disk tier counts a failed read and never
+reads that file again, and failures in a row (or MAX_STUCK_LOADS loads that never came back)
+turn the disk tier off. Before the next schedule the loop thread installs what was found: fresh
 pool blocks registered under the blocks' chain hashes, their K/V copied in (one scatter per
 group). The loaded blocks (and the device hits before them) are held until the request is
-admitted, so the schedule that admits it finds them as ordinary prefix-cache hits; then they
-are released like any cached block. Requests whose chain continues into blocks a load is
-already fetching wait for it, so a head that arrives with several requests is read once.
+admitted, so the schedule that admits it finds them as ordinary prefix-cache hits; then they are
+released like any cached block. Requests whose chain continues into blocks a load is already
+fetching wait for it, so a head that arrives with several requests is read once.
 
 Sliding-window models: the sliding group's blocks that a window checkpoint keeps are written
 too, with a marker per checkpoint on a block boundary (the retention grid's; breakpoints and
@@ -51,6 +54,7 @@ from inference.engine.kv.tiers.writer import TierWriter, WriteJob
 logger = logging.getLogger(__name__)
 
 MAX_KNOWN_HASHES = 1 << 16
+MAX_STUCK_LOADS = 4  # loads given up and not back yet: past this the disk tier is turned off
 
 
 class KVOffloader:
@@ -61,8 +65,10 @@ class KVOffloader:
         *,
         host: HostTier | None = None,
         disk: DiskTier | None = None,
+        load_timeout_s: float = 5.0,
     ) -> None:
         assert host is not None or disk is not None, "no tier to offload to"
+        self.load_timeout_s = load_timeout_s
         self.full = full
         self.sliding = sliding
         self.manager: FullAttentionManager = full.manager
@@ -81,6 +87,8 @@ class KVOffloader:
         # per request that arrives with it.
         self._loading_hashes: set[BlockHash] = set()
         self._waiters: list[Request] = []
+        self._in_flight: dict[str, LoadJob] = {}  # by request id
+        self._num_stuck = 0  # loads given up that have not come back
         self._loader = TierLoader(full, sliding, host, disk, self._markers)
         self._writer = TierWriter(host, disk)
 
@@ -104,15 +112,45 @@ class KVOffloader:
                 job = self._loader.finished.get_nowait()
             except queue.Empty:
                 break
-            self._num_loading -= 1
-            self._loading_hashes.difference_update(job.block_hashes[job.first_index :])
+            if job.is_abandoned:  # given up before: its request recomputed
+                self._num_stuck -= 1
+                continue
+            self._end_load(job)
             self._install(job)
+        self._abandon_stalled_loads()
         waiters, self._waiters = self._waiters, []
         for request in waiters:
             request.kv_load_state = "new"  # looked up again below, past what was loaded
         for request in waiting:
             if request.kv_load_state == "new":
                 self._look_up(request)
+
+    def _end_load(self, job: LoadJob) -> None:
+        del self._in_flight[job.request.request_id]
+        self._num_loading -= 1
+        self._loading_hashes.difference_update(job.block_hashes[job.first_index :])
+
+    def _abandon_stalled_loads(self) -> None:
+        """Give up loads that have read nothing for load_timeout_s: their requests recompute."""
+        now = time.monotonic()
+        for job in [
+            j for j in self._in_flight.values() if now - j.last_progress > self.load_timeout_s
+        ]:
+            job.is_abandoned = True
+            self._end_load(job)
+            self._num_stuck += 1
+            job.request.kv_load_state = "done"
+            job.request.kv_load_s = now - job.started
+            logger.warning(
+                "KV tiers: request %s's load read nothing for %.1f s; recomputing",
+                job.request.request_id,
+                self.load_timeout_s,
+            )
+            if self.disk is not None:
+                reason = f"a load read nothing for {self.load_timeout_s:g} s"
+                self.disk.read_failed(reason, stuck=job.reading)
+                if self._num_stuck >= MAX_STUCK_LOADS:
+                    self.disk.turn_off(f"{self._num_stuck} loads did not come back")
 
     @property
     def is_loading(self) -> bool:
@@ -183,7 +221,8 @@ class KVOffloader:
     def close(self, timeout: float = 30.0) -> None:
         """Finish the writes queued (bounded by `timeout`), then stop both threads."""
         self._writer.close(timeout)
-        self._loader.close(timeout)
+        # A load thread stuck in a read (given up) would only come back with its read.
+        self._loader.close(timeout if self._num_stuck == 0 else min(timeout, 1.0))
 
     def make_stats(self) -> dict[str, KVTierStats]:
         tiers = [tier for tier in (self.host, self.disk) if tier is not None]
@@ -206,6 +245,7 @@ class KVOffloader:
             request.num_cached_tokens >= 0
             or request.replay_start is not None
             or request.is_finished
+            or (self.host is None and not self.disk.is_readable)
         ):
             return
         self.manager.hasher.update(request)
@@ -233,6 +273,7 @@ class KVOffloader:
         request.kv_load_state = "loading"
         self._num_loading += 1
         self._loading_hashes.update(job.block_hashes[first:])
+        self._in_flight[request.request_id] = job
         self._loader.put(job)
 
     def _install(self, job: LoadJob) -> None:

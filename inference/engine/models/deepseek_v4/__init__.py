@@ -4,7 +4,10 @@
 - `state.py`: the per-request state paged on the engine's two KV groups, and its metadata;
 - `layers.py`, `attention.py`, `moe.py`, `hyper_connections.py`, `model.py`: the architecture,
   bottom-up, checked against transformers' DeepseekV4ForCausalLM;
-- `weights.py`: DeepSeek's own checkpoint names and FP8/FP4 weights → the model's;
+- `weights.py`: the checkpoint layouts' tensor names → the model's;
+- `loader.py`: streaming a checkpoint in, FP8/FP4 kept packed (models/packed/), per rank;
+- `packed_checkpoint.py`: writing a packed checkpoint (tests, benches); `held_bytes.py`: what a
+  loaded model holds, by kind;
 - `tiny.py`: `deepseek-v4-tiny-random`, written once as a checkpoint directory.
 """
 

@@ -1,8 +1,8 @@
 """DeepSeek-V4 (Flash): the decoder layers and the causal LM the engine runs.
 
 The architecture is transformers' `DeepseekV4ForCausalLM` (5.24), the reference every test
-compares against; parameter names are transformers', so a checkpoint saved by it (or our tiny
-random one, written the same way) loads with `load_state_dict`. Per layer:
+compares against; parameter names are transformers'. Checkpoints (any V4 layout, FP8/FP4 kept
+packed) load through deepseek_v4.loader. Per layer:
 
 - attention with a sliding-window K=V branch (shared-KV MQA: one KV head of head_dim, K = V,
   partial interleaved RoPE on the last rope_dim channels, undone on the output), learned
@@ -37,7 +37,6 @@ from inference.engine.models.deepseek_v4.state import (
     DeepseekV4State,
     LayerState,
 )
-from inference.engine.models.deepseek_v4.weights import to_model_names
 
 
 @dataclass(slots=True)
@@ -86,23 +85,28 @@ class DeepseekV4Model(nn.Module):
         self.hc_head = HyperHead(config)
 
 
+def rotary_embeddings(config: DeepseekV4Config) -> nn.ModuleDict:
+    """The main and compress rotary tables (computed, never loaded)."""
+    compress = config.compress_rope
+    yarn = compress if compress.get("rope_type") == "yarn" else None
+    return nn.ModuleDict(
+        {
+            "main": Rotary(rope_inv_freq(config, config.rope_theta, None)),
+            "compress": Rotary(
+                rope_inv_freq(config, float(compress.get("rope_theta", 160000.0)), yarn),
+                float(compress.get("attention_factor", 1.0)) if yarn else 1.0,
+            ),
+        }
+    )
+
+
 class DeepseekV4ForCausalLM(nn.Module):
     def __init__(self, config: DeepseekV4Config) -> None:
         super().__init__()
         self.config = config
         self.model = DeepseekV4Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        compress = config.compress_rope
-        yarn = compress if compress.get("rope_type") == "yarn" else None
-        self.rotary = nn.ModuleDict(
-            {
-                "main": Rotary(rope_inv_freq(config, config.rope_theta, None)),
-                "compress": Rotary(
-                    rope_inv_freq(config, float(compress.get("rope_theta", 160000.0)), yarn),
-                    float(compress.get("attention_factor", 1.0)) if yarn else 1.0,
-                ),
-            }
-        )
+        self.rotary = rotary_embeddings(config)
         # Last, so a checkpoint's random init draws the main weights as before (tiny.py).
         self.mtp = nn.ModuleList(
             MTPLayer(config, DecoderLayer(config, config.num_layers, attention_kind=SLIDING))
@@ -177,20 +181,3 @@ class DeepseekV4ForCausalLM(nn.Module):
             rows,
         )
         return self.lm_head(h)  # (N, vocab)
-
-    @torch.inference_mode()
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """DeepSeek's names and FP8/FP4 weights (deepseek_v4.weights) or transformers' names;
-        the MTP layer's tensors (`mtp.0.*`) are loaded when the config declares the layer,
-        left out otherwise."""
-        weights = to_model_names(weights)
-        if not self.has_mtp:
-            weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-        if self.config.tie_word_embeddings and "lm_head.weight" not in weights:
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        result = self.load_state_dict(weights, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ValueError(
-                "this DeepSeek-V4 checkpoint does not match its config.json: "
-                f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
-            )

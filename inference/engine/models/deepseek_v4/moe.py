@@ -27,22 +27,42 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    def __init__(self, config: DeepseekV4Config) -> None:
+    """The routed experts as dense (experts, out, in) tensors: `expert_ids` is the range of the
+    model's experts held (all, or one rank's share); packed.experts.Fp4Experts is the packed
+    form with the same interface."""
+
+    def __init__(self, config: DeepseekV4Config, expert_ids: range | None = None) -> None:
         super().__init__()
-        e, d, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.expert_ids = expert_ids if expert_ids is not None else range(config.num_experts)
+        e, d, i = len(self.expert_ids), config.hidden_size, config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
         self.limit = config.swiglu_limit
+
+    def sliced(self, expert_ids: range) -> Experts:
+        """The experts `expert_ids` (within these) as a module of their own (copies)."""
+        lo, hi = expert_ids.start - self.expert_ids.start, expert_ids.stop - self.expert_ids.start
+        if lo < 0 or hi > len(self.expert_ids):
+            raise ValueError(f"experts {expert_ids} are not all held here ({self.expert_ids})")
+        out = Experts.__new__(Experts)
+        nn.Module.__init__(out)
+        out.expert_ids, out.limit = expert_ids, self.limit
+        out.gate_up_proj = nn.Parameter(self.gate_up_proj.data[lo:hi].clone())
+        out.down_proj = nn.Parameter(self.down_proj.data[lo:hi].clone())
+        return out
 
     def forward(
         self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         out = torch.zeros_like(x)
         for expert in indices.unique().tolist():
+            if expert not in self.expert_ids:
+                continue  # another rank's
+            local = expert - self.expert_ids.start
             tokens, slot = torch.where(indices == expert)
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            gate, up = F.linear(x[tokens], self.gate_up_proj[local]).chunk(2, dim=-1)
             h = F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
-            h = F.linear(h, self.down_proj[expert]) * weights[tokens, slot, None]
+            h = F.linear(h, self.down_proj[local]) * weights[tokens, slot, None]
             out.index_add_(0, tokens, h.to(out.dtype))
         return out
 

@@ -1,19 +1,27 @@
-"""A DeepSeek-V4 checkpoint's own tensors → the names and dtypes DeepseekV4ForCausalLM loads.
+"""A DeepSeek-V4 checkpoint's tensor names → the names DeepseekV4ForCausalLM holds them under.
 
-DeepSeek ships V4 under its own names (`layers.0.attn.wq_a.weight`, `layers.3.ffn.experts.17.w1
-.weight`, `embed.weight`, `hc_head_fn`, ...), its linear weights in FP8 (e4m3) with a scale per
-128 x 128 block and its routed experts in FP4 (e2m1, two per byte) with a scale per 32 inputs.
-Here, on CPU at load: each quantized weight is multiplied out by its scale grid, the names are
-mapped as transformers' conversion mapping for `deepseek_v4` maps them, and the per-expert
-matrices are stacked into the (experts, ...) tensors the model holds. A checkpoint already in
-transformers' names (ours, or one saved by transformers) passes through unchanged.
+Three layouts are in use, and one checkpoint is read name by name, each name tried as:
+- the model's (transformers') own names: `model.layers.0.self_attn.q_a_proj.weight`, the
+  experts stacked as `model.layers.0.mlp.experts.gate_up_proj` (ours, transformers' in memory);
+- DeepSeek's: `layers.0.attn.wq_a.weight`, `layers.3.ffn.experts.17.w1.weight`, `embed.weight`,
+  `head.weight`, `hc_head_fn`, `mtp.0.*`, mapped as transformers' conversion mapping for
+  `deepseek_v4` maps them;
+- what transformers' `save_pretrained` writes (5.25: its conversion reversed, under a `model.`
+  prefix, with some names its reversal leaves as they are): `model.layers.0.attn.wq_a.weight`,
+  `model.layers.0.ffn.experts.0.w1.weight`, `model.embed_tokens.weight`, `model.hc_head.hc_fn`,
+  `head.weight` — DeepSeek's names after the prefix.
+A name is taken under the first reading that gives a name the model has; the layout is thus
+recognized by what the names map to, never by one prefix.
+
+Per-expert matrices (`…experts.<i>.w1/w3/w2.weight`) map to the experts module and an
+(expert, projection) pair; the loader (deepseek_v4.loader) places them. The quantized formats
+themselves are packed/formats.py's.
 """
 
 from __future__ import annotations
 
 import re
-
-import torch
+from dataclasses import dataclass
 
 # transformers' conversion_mapping["deepseek_v4"] renames, in its order.
 _RENAMES = [
@@ -51,91 +59,55 @@ _RENAMES = [
     (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
 ]
 _EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<index>\d+)\.(?P<which>w[123])\.weight$")
-_FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-_SCALE_SUFFIXES = (".weight_scale_inv", ".scale")
+SCALE_SUFFIXES = (".scale", ".weight_scale_inv")  # DeepSeek's, then transformers' FP8 name
 
 
-def is_quantized(tensor: torch.Tensor) -> bool:
-    """FP8 (1-byte float) or packed FP4 (int8 / uint8 / float4_e2m1fn_x2) weights."""
-    return (
-        tensor.dtype in (torch.int8, torch.uint8)
-        or (tensor.is_floating_point() and tensor.element_size() == 1)
-        or str(tensor.dtype) == "torch.float4_e2m1fn_x2"
-    )
+@dataclass(frozen=True, slots=True)
+class ModelName:
+    """Where a checkpoint tensor goes: a tensor of the model (`name`), or one projection
+    (w1 gate, w3 up, w2 down) of one routed expert of the experts module `name`."""
+
+    name: str
+    expert: int | None = None
+    which: str | None = None
 
 
-def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """Two e2m1 values per byte, low nibble first → fp32, the last dim twice as wide."""
-    table = torch.tensor(_FP4_E2M1, dtype=torch.float32)
-    u8 = packed.contiguous().view(torch.uint8)
-    pairs = torch.stack([table[(u8 & 0xF).long()], table[(u8 >> 4).long()]], dim=-1)
-    return pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+def model_name(
+    checkpoint_name: str, tensor_names: set[str], experts_modules: set[str]
+) -> ModelName | None:
+    """`checkpoint_name` under the model's names (tensor_names: its tensors', experts_modules:
+    its experts modules'), trying each layout in turn; None where no reading fits."""
+    for candidate in _readings(checkpoint_name):
+        match = _EXPERT.match(candidate)
+        if match and match["prefix"] in experts_modules:
+            return ModelName(match["prefix"], int(match["index"]), match["which"])
+        if candidate in tensor_names:
+            return ModelName(candidate)
+    return None
 
 
-def dequantize(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp32 weight = quantized value x its block's scale; the block shape is the weight's
-    shape over the scale grid's (128 x 128 for FP8 linears, 1 x 32 for FP4 experts)."""
-    packed = not weight.is_floating_point() or str(weight.dtype) == "torch.float4_e2m1fn_x2"
-    values = unpack_fp4(weight) if packed else weight.float()
-    if scale.dtype == torch.uint8:  # e8m0 exponents stored as bytes
-        scale = (scale.float() - 127.0).exp2()
-    scale = scale.float()
-    if scale.numel() == 1:  # one scale for the whole tensor
-        return values * scale.reshape(())
-    rows, cols = values.shape[-2:]
-    grid_rows, grid_cols = scale.shape[-2:]
-    if rows % grid_rows or cols % grid_cols:
-        raise ValueError(
-            f"weight of shape {tuple(values.shape)} does not divide into its scale grid "
-            f"{tuple(scale.shape)}"
-        )
-    blocks = values.reshape(-1, grid_rows, rows // grid_rows, grid_cols, cols // grid_cols)
-    return (blocks * scale.reshape(-1, grid_rows, 1, grid_cols, 1)).reshape(values.shape)
-
-
-def to_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under DeepseekV4ForCausalLM's names, dequantized to fp32."""
-    if any(name.startswith("model.") for name in weights):
-        return weights  # transformers' names already
-    weights = _dequantized(weights)
-    renamed: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    for name, tensor in weights.items():
-        if name.startswith("mtp."):
-            name = _mtp_name(name)
-            if name.startswith("mtp."):  # the MTP layer's own tensors
-                renamed[name] = tensor
-                continue
-        for pattern, replacement in _RENAMES:
-            name = re.sub(pattern, replacement, name)
-        if not name.startswith("lm_head."):
-            name = f"model.{name}"
-        match = _EXPERT.match(name)
-        if match:
-            per_kind = experts.setdefault(match["prefix"], {})
-            per_kind.setdefault(match["which"], {})[int(match["index"])] = tensor
+def _readings(name: str) -> list[str]:
+    readings = [name]
+    for deepseek in (name, name.removeprefix("model.")):
+        try:
+            readings.append(deepseek_to_model_name(deepseek))
+        except ValueError:  # not a DeepSeek MTP name either
             continue
-        renamed[name] = tensor
-    for prefix, kinds in experts.items():
-        count = len(kinds.get("w2", {}))
+    return readings
 
-        def stacked(
-            kind: str, prefix: str = prefix, kinds=kinds, count: int = count
-        ) -> torch.Tensor:
-            if sorted(kinds.get(kind, {})) != list(range(count)):
-                raise ValueError(
-                    f"{prefix}: experts' {kind} tensors are not numbered 0..{count - 1}"
-                )
-            return torch.stack([kinds[kind][i] for i in range(count)])
 
-        # gate_up = [w1; w3] per expert (gate rows first), down = w2
-        renamed[f"{prefix}.gate_up_proj"] = torch.cat([stacked("w1"), stacked("w3")], dim=1)
-        renamed[f"{prefix}.down_proj"] = stacked("w2")
+def deepseek_to_model_name(name: str) -> str:
+    """A DeepSeek name → the model's (per-expert names keep their `.experts.<i>.w<k>.weight`)."""
+    if name.startswith("mtp."):
+        name = _mtp_name(name)
+        if name.startswith("mtp."):  # the MTP layer's own tensors
+            return name
+    for pattern, replacement in _RENAMES:
+        name = re.sub(pattern, replacement, name)
+    if not name.startswith("lm_head."):
+        name = f"model.{name}"
     block = f"model.layers.{_MTP_BLOCK}."
-    return {
-        (f"mtp.0.block.{name[len(block) :]}" if name.startswith(block) else name): tensor
-        for name, tensor in renamed.items()
-    }
+    return f"mtp.0.block.{name[len(block) :]}" if name.startswith(block) else name
 
 
 # The MTP layer (deepseek_v4.mtp), as DeepSeek's `inference/model.py` MTPBlock names it:
@@ -159,23 +131,3 @@ def _mtp_name(name: str) -> str:
     if not name.startswith("mtp.0."):
         raise ValueError(f"{name}: only one MTP layer (mtp.0) is supported")
     return f"layers.{_MTP_BLOCK}.{name[len('mtp.0.') :]}"
-
-
-def _dequantized(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    scales = set()
-    for name, tensor in weights.items():
-        if not (name.endswith(".weight") and is_quantized(tensor)):
-            continue
-        base = name[: -len(".weight")]
-        scale_name = next((base + s for s in _SCALE_SUFFIXES if base + s in weights), None)
-        if scale_name is None:
-            raise ValueError(
-                f"{name} is quantized ({tensor.dtype}) but the checkpoint has no scale for it"
-            )
-        out[name] = dequantize(tensor, weights[scale_name])
-        scales.add(scale_name)
-    for name, tensor in weights.items():
-        if name not in out and name not in scales:
-            out[name] = tensor.float() if tensor.is_floating_point() else tensor
-    return out
