@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,10 @@ from inference.engine.runner.model_runner import (
 from inference.engine.spec_decode import Drafter
 from inference.engine.spec_decode.mtp import MtpDrafter
 from inference.engine.spec_decode.ngram import NgramProposer
-from inference.engine.structured_output.structured_output import StructuredOutputManager
+from inference.engine.structured_output.structured_output import (
+    CompileOutcome,
+    StructuredOutputManager,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -449,23 +452,25 @@ class LLMEngine:
             return self.pinned.pin(token_ids, cache_salt)
 
     def compile_schemas(self, schemas: list[str | dict]) -> list[str | None]:
-        """Compile JSON schemas into the engine's grammar cache now, at most
-        `grammar_compile_workers` (≥ 1) at once, so requests using them later find them
-        compiled; per schema, None or why it was refused (over the limits, invalid, past the
-        compile deadline: later requests with it are refused the same way). Thread-safe."""
-        # The text a request's SamplingParams gives the cache, so both find the same entry.
-        texts = [SamplingParams(json_schema=schema).json_schema_text() for schema in schemas]
-        num_threads = max(1, self.config.structured_output.grammar_compile_workers)
+        """Compile JSON schemas into the engine's grammar cache now, on its compile threads (at
+        most `grammar_compile_workers`, ≥ 1, at once), and wait for them, so requests using
+        them later find them compiled; per schema, None or why it was refused (over the limits,
+        invalid, past the compile deadline: later requests with it are refused the same way).
+        Thread-safe."""
+        futures = [self.compile_schema_async(schema)[0] for schema in schemas]
+        return [future.result().error for future in futures]
 
-        def compile_one(text: str) -> str | None:
-            try:
-                self.structured.precompile(text)
-            except ValueError as exc:
-                return str(exc)
-            return None
+    def compile_schema_async(self, schema: str | dict) -> tuple[Future[CompileOutcome], bool]:
+        """Start compiling a JSON schema on the engine's compile threads and return at once: a
+        future of its CompileOutcome (the compile's seconds, why it was refused), and whether
+        this call started a compile. A request with the schema, sent once the future is done,
+        finds it compiled; a caller that serves other requests need never wait on a compile
+        (StructuredOutputManager.compile_async). Thread-safe."""
+        return self.structured.compile_async(_schema_text(schema))
 
-        with ThreadPoolExecutor(num_threads, thread_name_prefix="schema-warm") as pool:
-            return list(pool.map(compile_one, texts))
+    def is_schema_known(self, schema: str | dict) -> bool:
+        """Whether the schema is compiled (or refused) already, or being compiled."""
+        return self.structured.is_known(_schema_text(schema))
 
     def unpin(self, handle: PinnedHead | int) -> None:
         """Let a warmed head's blocks be evicted again (ValueError for an unknown handle)."""
@@ -759,6 +764,11 @@ def _next_token(
             f"the completion did not finish within {timeout:g} s; it was aborted and its KV "
             "blocks freed"
         ) from None
+
+
+def _schema_text(schema: str | dict) -> str:
+    """The text a request's SamplingParams gives the grammar cache, so both find one entry."""
+    return SamplingParams(json_schema=schema).json_schema_text()
 
 
 def _is_single_prompt(prompts: Any) -> bool:

@@ -1,10 +1,11 @@
 """Compiling JSON schemas into grammars: off the engine's lock, once per schema, with a deadline.
 
 - `GrammarCache` (what StructuredOutputManager uses): compiled grammars by the schema's SHA-256,
-  least recently used evicted past a byte budget. The first caller of a schema compiles it in
-  its own thread; callers of the same schema meanwhile wait for that compile, callers of other
-  schemas do not wait at all (no lock is held while compiling). A schema that failed (invalid,
-  or past the deadline) is remembered too, so asking again is refused at once.
+  least recently used evicted past a byte budget. The first caller of a schema starts its
+  compile, in its own thread (`get`) or on threads it names (`start`: a caller that must not
+  wait gets a future); callers of the same schema meanwhile get that compile's future, callers
+  of other schemas do not wait at all (no lock is held while compiling). A schema that failed
+  (invalid, or past the deadline) is remembered too, so asking again is refused at once.
 - `CompilePool`: the compiles run in child processes (grammar_worker.py), because a C++
   compile cannot be interrupted in-process: one past its deadline is killed with its process.
   Idle workers are kept and reused (starting one imports xgrammar and torch: seconds); a
@@ -295,12 +296,13 @@ shared_pools = SharedPools()
 
 
 class GrammarCache:
-    """Compiled grammars (and refusals) by schema hash, LRU past `max_bytes`."""
+    """Compiled grammars (and refusals) by schema hash, LRU past `max_bytes`; each entry keeps
+    the seconds its compile took (by the clock, on whatever ran it)."""
 
     def __init__(self, compile_fn: Callable[[str], xgr.CompiledGrammar], max_bytes: int) -> None:
         self._compile_fn = compile_fn
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[bytes, tuple[xgr.CompiledGrammar | ValueError, int]] = (
+        self._entries: OrderedDict[bytes, tuple[xgr.CompiledGrammar | ValueError, int, float]] = (
             OrderedDict()
         )
         self._num_bytes = 0
@@ -310,42 +312,79 @@ class GrammarCache:
         self.num_hits = 0
 
     def get(self, schema_text: str) -> xgr.CompiledGrammar:
-        """The schema's compiled grammar, compiled now if no one has; ValueError for a schema
-        that does not compile (the same error each time it is asked for)."""
-        key = hashlib.sha256(schema_text.encode("utf-8", "surrogatepass")).digest()
+        """The schema's compiled grammar, compiled now in this thread if no one has; ValueError
+        for a schema that does not compile (the same error each time it is asked for)."""
+        future, _ = self.start(schema_text, lambda compile_owned: compile_owned())
+        return future.result()  # another caller's compile is bounded by its deadline
+
+    def start(
+        self, schema_text: str, submit: Callable[[Callable[[], None]], object]
+    ) -> tuple[Future, bool]:
+        """A future of the schema's compiled grammar (ValueError: refused) and whether this
+        call started its compile: done at once when cached; the compile already under way when
+        another caller started it; else a new compile, handed to `submit` to run."""
+        key = _key(schema_text)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 self.num_hits += 1
-                return _unwrap(entry[0])
+                done: Future = Future()
+                if isinstance(entry[0], ValueError):
+                    done.set_exception(ValueError(str(entry[0])))
+                else:
+                    done.set_result(entry[0])
+                return done, False
             pending = self._pending.get(key)
-            is_owner = pending is None
-            if is_owner:
-                pending = self._pending[key] = Future()
-                self.num_compiles += 1
-        if not is_owner:
-            return pending.result()  # the owner's compile is bounded by its deadline
+            if pending is not None:
+                return pending, False
+            pending = self._pending[key] = Future()
+            self.num_compiles += 1
+        try:
+            submit(lambda: self._compile(key, schema_text, pending))
+        except BaseException as exc:  # nothing will run it (shut down)
+            self._drop(key, pending, exc)
+            raise
+        return pending, True
+
+    def is_known(self, schema_text: str) -> bool:
+        """Whether the schema is compiled (or refused) already, or being compiled."""
+        key = _key(schema_text)
+        with self._lock:
+            return key in self._entries or key in self._pending
+
+    def compile_s(self, schema_text: str) -> float:
+        """The seconds the schema's compile took; 0.0 when it is not in the cache."""
+        with self._lock:
+            entry = self._entries.get(_key(schema_text))
+        return entry[2] if entry is not None else 0.0
+
+    def _compile(self, key: bytes, schema_text: str, pending: Future) -> None:
+        started = time.perf_counter()
         try:
             compiled = self._compile_fn(schema_text)
         except ValueError as exc:
-            self._finish(key, pending, exc, len(str(exc)))
-            raise
+            self._finish(key, pending, exc, len(str(exc)), time.perf_counter() - started)
+            return
         except BaseException as exc:  # not the schema's fault (shut down, worker died): retry
-            with self._lock:
-                del self._pending[key]
-            pending.set_exception(exc)
-            raise
-        self._finish(key, pending, compiled, compiled.memory_size_bytes)
-        return compiled
+            self._drop(key, pending, exc)
+            return
+        self._finish(
+            key, pending, compiled, compiled.memory_size_bytes, time.perf_counter() - started
+        )
 
-    def _finish(self, key: bytes, pending: Future, value, num_bytes: int) -> None:
+    def _drop(self, key: bytes, pending: Future, exc: BaseException) -> None:
         with self._lock:
             del self._pending[key]
-            self._entries[key] = (value, num_bytes)
+        pending.set_exception(exc)
+
+    def _finish(self, key: bytes, pending: Future, value, num_bytes: int, compile_s: float) -> None:
+        with self._lock:
+            del self._pending[key]
+            self._entries[key] = (value, num_bytes, compile_s)
             self._num_bytes += num_bytes
             while self._num_bytes > self.max_bytes and len(self._entries) > 1:
-                _, (_, evicted_bytes) = self._entries.popitem(last=False)
+                _, (_, evicted_bytes, _) = self._entries.popitem(last=False)
                 self._num_bytes -= evicted_bytes
         if isinstance(value, ValueError):
             pending.set_exception(value)
@@ -363,7 +402,5 @@ class GrammarCache:
             return len(self._pending)
 
 
-def _unwrap(value: xgr.CompiledGrammar | ValueError) -> xgr.CompiledGrammar:
-    if isinstance(value, ValueError):
-        raise ValueError(str(value))
-    return value
+def _key(schema_text: str) -> bytes:
+    return hashlib.sha256(schema_text.encode("utf-8", "surrogatepass")).digest()

@@ -9,11 +9,16 @@ only their K/V, computed with the next step's token.
 A schema is checked against SchemaLimits (schema_limits) and compiled once, by GrammarCache
 (grammar_compiler), outside any engine-wide lock: in a thread of this process whose caller waits
 at most the compile deadline, or (max_compile_workers > 0) in worker processes killed past it.
+`compile_async` starts a compile on the manager's own compile threads (as many as workers) and
+hands back a future, so a caller that serves other requests never waits on one (vLLM's
+structured-output manager compiles on its executor the same way).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
@@ -32,6 +37,16 @@ _VOCAB_TYPES = {
     "byte_fallback": xgr.VocabType.BYTE_FALLBACK,  # SentencePiece: "▁" spaces, <0xNN> bytes
     "raw": xgr.VocabType.RAW,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOutcome:
+    """What `compile_async` found: the seconds its own compile ran (0.0: the schema was compiled
+    before, or another caller's compile of it was joined) and why the schema was refused (None:
+    it compiled)."""
+
+    compile_s: float
+    error: str | None
 
 
 class GrammarState:
@@ -109,6 +124,10 @@ class StructuredOutputManager:
         self._compiler = None
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
         self.cache = GrammarCache(self._compile, cache_bytes)
+        # compile_async's compiles: one thread per compile worker, each waiting on its worker.
+        self._compile_threads = ThreadPoolExecutor(
+            max(1, max_compile_workers), thread_name_prefix="grammar-compile"
+        )
         if tokenizer is None:
             self._info = None
             return
@@ -128,18 +147,45 @@ class StructuredOutputManager:
     def grammar_for(self, schema_text: str) -> GrammarState:
         """A matcher for the schema, compiled (or taken from the cache) in the caller's thread;
         ValueError for a schema over the limits, invalid, or past the compile deadline."""
+        self._check(schema_text)
+        return GrammarState(self.cache.get(schema_text))
+
+    def compile_async(self, schema_text: str) -> tuple[Future[CompileOutcome], bool]:
+        """Start compiling the schema on the compile threads, never the caller's: a future of
+        its CompileOutcome, and whether this call started a compile (False: it was compiled,
+        refused or under way already). A schema over the limits is refused in the outcome
+        without compiling; the future raises only what is not the schema's fault (shut down)."""
+        outcome: Future[CompileOutcome] = Future()
+        try:
+            self._check(schema_text)
+        except ValueError as exc:
+            outcome.set_result(CompileOutcome(0.0, str(exc)))
+            return outcome, False
+        cached, is_started = self.cache.start(schema_text, self._compile_threads.submit)
+
+        def finished(done: Future) -> None:
+            compile_s = self.cache.compile_s(schema_text) if is_started else 0.0
+            error = done.exception()
+            if error is None or isinstance(error, ValueError):
+                outcome.set_result(CompileOutcome(compile_s, str(error) if error else None))
+            else:
+                outcome.set_exception(error)
+
+        cached.add_done_callback(finished)
+        return outcome, is_started
+
+    def is_known(self, schema_text: str) -> bool:
+        """Whether the schema is compiled, refused or being compiled: asking for it starts
+        no new compile."""
+        return self.cache.is_known(schema_text)
+
+    def _check(self, schema_text: str) -> None:
         if self._info is None:
             raise ValueError(
                 "structured output (a JSON schema) needs the model's tokenizer: this model has "
                 "none (no tokenizer.json in its directory)"
             )
         check_schema(schema_text, self.limits)
-        return GrammarState(self.cache.get(schema_text))
-
-    def precompile(self, schema_text: str) -> None:
-        """Compile the schema into the cache now (a no-op once it is there), so the requests
-        that use it later start without waiting; ValueError as grammar_for."""
-        self.grammar_for(schema_text)
 
     def _compile(self, schema_text: str) -> xgr.CompiledGrammar:
         if self._pool is not None:
@@ -156,6 +202,8 @@ class StructuredOutputManager:
     def close(self) -> None:
         """Release the compile workers (the engine shuts down; the last engine of this
         tokenizer stops them)."""
+        # Queued compiles still run (or fail at once: the pool is closed) and answer their futures.
+        self._compile_threads.shutdown(wait=False)
         if self._pool is not None:
             shared_pools.release(self._pool)
 
