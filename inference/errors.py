@@ -15,3 +15,12 @@ class CompletionInputError(InferenceError):
 
 class CompletionTimeoutError(InferenceError):
     """A completion that did not finish within its deadline; the engine aborted it."""
+
+
+class CompileLimitError(InferenceError):
+    """A schema compile that would exceed its caller's share of the node's compiles (429):
+    `retry_after_s` is when to try again."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +34,7 @@ __all__ = [
     "completion_head_warm",
     "completion_model",
     "completion_schemas_warm",
+    "completion_schemas_warm_start",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,13 +134,41 @@ def _engine_generate(
 
 
 def completion_schemas_warm(*, json_schemas: list[dict[str, Any]]) -> list[str | None]:
-    """Compile JSON schemas on this process's engine now (each distinct one once; at most the
-    engine's compile workers at once), so completions that use them later start at once; per
-    schema, None or why it was refused. With an external server configured nothing is compiled
-    here (it compiles its own) and every entry is None."""
-    if remote_is_configured():
-        return [None] * len(json_schemas)
-    return engine_get().compile_schemas(list(json_schemas))
+    """Compile JSON schemas on this process's engine now and wait for them (each distinct one
+    once; at most the engine's compile workers at once), so completions that use them later
+    start at once; per schema, None or why it was refused. With an external server configured
+    nothing is compiled here (it compiles its own) and every entry is None."""
+    return completion_schemas_warm_start(json_schemas=json_schemas).result()
+
+
+def completion_schemas_warm_start(
+    *, json_schemas: list[dict[str, Any]]
+) -> Future[list[str | None]]:
+    """As completion_schemas_warm, but returning at once: the compiles run on the engine's
+    compile threads, and the future (what completion_schemas_warm answers) is done when they
+    all are."""
+    warmed: Future[list[str | None]] = Future()
+    if remote_is_configured() or not json_schemas:
+        warmed.set_result([None] * len(json_schemas))
+        return warmed
+    engine = engine_get()
+    futures = [engine.compile_schema_async(schema)[0] for schema in json_schemas]
+    lock = threading.Lock()  # the last two compiles may end at once, on two threads
+
+    def all_done(_: Future) -> None:
+        with lock:
+            if warmed.done() or not all(future.done() for future in futures):
+                return
+            try:
+                result = [future.result().error for future in futures]
+            except Exception as exc:  # not a schema's fault: the engine shut down
+                warmed.set_exception(exc)
+                return
+            warmed.set_result(result)
+
+    for future in futures:
+        future.add_done_callback(all_done)
+    return warmed
 
 
 def completion_head_warm(*, messages: list[dict[str, Any]], cache_salt: str | None) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import redis.asyncio
 from django.conf import settings
 
-from inference.openai_api.protocol import OpenAIError
+from inference.openai_api.protocol import RateLimitError
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +36,11 @@ class InFlightSlot:
     member: str
 
 
-class InFlightLimitError(OpenAIError):
-    """429: the identity has its share of completions in flight; `retry_after_s` for the
-    Retry-After header."""
+class InFlightLimitError(RateLimitError):
+    """429: the identity has its share of completions in flight."""
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(
-            message, status=429, type_="rate_limit_error", code="too_many_requests_in_flight"
-        )
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s, code="too_many_requests_in_flight")
 
 
 def _client() -> redis.asyncio.Redis:

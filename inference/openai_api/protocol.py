@@ -49,6 +49,14 @@ class OpenAIError(Exception):
         }
 
 
+class RateLimitError(OpenAIError):
+    """429: the caller has used its share of something; `retry_after_s` for Retry-After."""
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str) -> None:
+        super().__init__(message, status=429, type_="rate_limit_error", code=code)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     model: str

@@ -11,7 +11,9 @@ starts or its worker dies mid-way, the stream ends with an error event in OpenAI
 A client that leaves is told to the worker, which aborts the completion (its KV blocks freed):
 for a stream when the server closes its generator, for a plain request when Django cancels the
 view on the client's disconnect (both set the completion's cancel key, completion_streams.py).
-Each caller has a bounded number of completions in flight (in_flight.py): one more is a 429.
+Each caller has a bounded number of completions in flight (in_flight.py): one more is a 429;
+and a bounded share of each node's schema compiles (inference/schema_compiles.py): a request past
+it is a 429 from the node, with its Retry-After.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from inference.errors import UnknownNodeError
 from inference.nodes import node_default, node_queue
 from inference.openai_api.guards import api_key_required, same_site_json
 from inference.openai_api.in_flight import (
-    InFlightLimitError,
+    ANONYMOUS,
     InFlightSlot,
     in_flight_acquire,
     in_flight_release,
@@ -49,6 +51,7 @@ from inference.openai_api.in_flight import (
 from inference.openai_api.protocol import (
     ChatRequest,
     OpenAIError,
+    RateLimitError,
     body_parse,
     chat_completion_body,
     chat_request_parse,
@@ -69,13 +72,17 @@ def _served_model() -> str:
 
 def _error(exc: OpenAIError) -> JsonResponse:
     response = JsonResponse(exc.body(), status=exc.status)
-    if isinstance(exc, InFlightLimitError):
+    if isinstance(exc, RateLimitError):
         response["Retry-After"] = str(exc.retry_after_s)
     return response
 
 
 def _send(
-    request: ChatRequest, *, stream_key: str | None, cancel_key: str | None = None
+    request: ChatRequest,
+    *,
+    stream_key: str | None,
+    identity: str | None,
+    cancel_key: str | None = None,
 ) -> tuple[str, Any]:
     from inference.tasks import chat_completion
 
@@ -85,12 +92,16 @@ def _send(
     except UnknownNodeError as exc:
         raise OpenAIError(str(exc), param="node") from exc
     timeout_s = settings.OPENAI_API_TIMEOUT_S
+    # The node counts its schema compiles against this caller's share (schema_compiles.py).
+    kwargs = {"identity": identity or ANONYMOUS}
+    if cancel_key is not None:
+        kwargs["cancel_key"] = cancel_key
     # expires: a node that comes up after the client gave up drops the request.
     try:
         result = task_send(
             chat_completion,
             args=[request.completion_request.to_json(), stream_key],
-            kwargs={"cancel_key": cancel_key} if cancel_key is not None else {},
+            kwargs=kwargs,
             queue=queue,
             expires=timeout_s,
         )
@@ -109,9 +120,15 @@ async def _wait(node: str, result: Any, *, deadline: float) -> Completion | None
     state = meta.get("status")
     if state == "SUCCESS":
         answer = meta["result"]
-        if "error" in answer:  # bad input (400), or the node's deadline passed (504)
+        if "error" in answer:  # bad input (400), past a share (429), out of time (504)
             if answer.get("status") == 504:
                 raise OpenAIError(answer["error"], status=504, type_="timeout")
+            if answer.get("status") == 429:
+                raise RateLimitError(
+                    answer["error"],
+                    retry_after_s=answer["retry_after_s"],
+                    code="too_many_schema_compiles",
+                )
             raise OpenAIError(f"the engine refused the request: {answer['error']}")
         return Completion.from_json(answer)
     if state in ("FAILURE", "REVOKED"):
@@ -189,6 +206,7 @@ async def _stream_parts(request: ChatRequest, node: str, id_: str) -> AsyncItera
                 elif event.kind == "error":
                     status = int(event.data.get("status", 500))
                     type_ = "invalid_request_error" if status < 500 else "server_error"
+                    type_ = "rate_limit_error" if status == 429 else type_
                     raise OpenAIError(event.data["message"], status=status, type_=type_)
                 elif event.kind == "done":
                     completion = Completion.from_json(event.data)
@@ -236,7 +254,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     try:
         if chat.stream:
             node, _ = await sync_to_async(_send, thread_sensitive=False)(
-                chat, stream_key=completion_stream_key(id_)
+                chat, stream_key=completion_stream_key(id_), identity=identity
             )
             response = StreamingHttpResponse(
                 _stream(chat, node, id_, slot), content_type="text/event-stream"
@@ -248,7 +266,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         # No stream is written under this key: only its cancel key is used.
         cancel_key = completion_stream_key(id_)
         node, result = await sync_to_async(_send, thread_sensitive=False)(
-            chat, stream_key=None, cancel_key=cancel_key
+            chat, stream_key=None, identity=identity, cancel_key=cancel_key
         )
         completion = await _answer(node, result, cancel_key)
     except OpenAIError as exc:

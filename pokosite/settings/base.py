@@ -231,6 +231,8 @@ if env_str("POKOMACHI_TORCH_THREADS"):
 INFERENCE_ENGINE["grammar_compile_workers"] = env_int(
     "POKOMACHI_GRAMMAR_COMPILE_WORKERS", 2, low=0, high=64
 )
+# A schema still compiling this long is refused (its worker killed); EngineConfig checks it.
+INFERENCE_ENGINE["grammar_compile_timeout_s"] = env_float("POKOMACHI_GRAMMAR_COMPILE_TIMEOUT", 20.0)
 # The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
 if env_str("POKOMACHI_KV_BLOCKS"):
     INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
@@ -277,6 +279,15 @@ OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
 OPENAI_MAX_IN_FLIGHT_PER_IDENTITY = env_int(
     "POKOMACHI_OPENAI_MAX_IN_FLIGHT", 16, low=0, high=100_000
 )
+# Each /v1 caller's share of a node's JSON-schema compiles (inference/schema_compiles.py): at
+# most this many of its schemas compiling at once, and this many seconds of compile in any
+# GRAMMAR_COMPILE_WINDOW_S; past either, a request with a schema the node has not compiled is a
+# 429 with Retry-After. Compiled schemas cost nothing. 0: that limit is off.
+OPENAI_MAX_COMPILES_PER_IDENTITY = env_int("POKOMACHI_OPENAI_MAX_COMPILES", 4, low=0, high=10_000)
+GRAMMAR_COMPILE_CPU_S_PER_IDENTITY = env_int(
+    "POKOMACHI_GRAMMAR_COMPILE_CPU_S", 120, low=0, high=86_400
+)
+GRAMMAR_COMPILE_WINDOW_S = 300.0
 # A streamed completion's worker sends a heartbeat every 2 s; silent this long means it died.
 OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 # Streamed completions' text travels from worker to web in Redis streams under this prefix.

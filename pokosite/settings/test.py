@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pokosite.env import env_int, env_str
+from pokosite.env import env_float, env_int, env_str
 from pokosite.settings.base import *  # noqa: F403
 from pokosite.settings.base import DATABASES, channel_layers
 
@@ -42,6 +42,13 @@ INFERENCE_ENGINE = {
     "model": env_str("POKOMACHI_MODEL", "smollm2-tiny-random"),
     "device": env_str("POKOMACHI_DEVICE", "cpu"),
 }
+# Compiles in this process (0 workers) unless a test's worker process asks for compile workers.
+for _name, _key, _read in (
+    ("POKOMACHI_GRAMMAR_COMPILE_WORKERS", "grammar_compile_workers", env_int),
+    ("POKOMACHI_GRAMMAR_COMPILE_TIMEOUT", "grammar_compile_timeout_s", env_float),
+):
+    if env_str(_name):
+        INFERENCE_ENGINE[_key] = _read(_name, 0)
 if env_str("POKOMACHI_TORCH_THREADS"):
     INFERENCE_ENGINE["num_threads"] = env_int("POKOMACHI_TORCH_THREADS", 0, low=1, high=1024)
 # The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
