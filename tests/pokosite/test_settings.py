@@ -38,6 +38,11 @@ print(json.dumps({
     "INFERENCE_ENGINE": s.INFERENCE_ENGINE,
     "INFERENCE_KV_DISK_KEY": s.INFERENCE_KV_DISK_KEY,
     "INFERENCE_OPENAI": s.INFERENCE_OPENAI,
+    "compile_shares": [
+        s.OPENAI_MAX_COMPILES_PER_IDENTITY,
+        s.GRAMMAR_COMPILE_CPU_S_PER_IDENTITY,
+        s.GRAMMAR_COMPILE_WINDOW_S,
+    ],
     "DEBUG": s.DEBUG,
     "LAUNCHER_CREATES_SUPERUSER": s.LAUNCHER_CREATES_SUPERUSER,
 }))
@@ -51,6 +56,8 @@ _ENV_NAMES = (
     "POKOMACHI_OPENAI_MODEL", "POKOMACHI_OPENAI_API_KEY", "POKOMACHI_STATS_INTERVAL",
     "CF_ACCESS_TEAM_DOMAIN", "CF_ACCESS_AUD", "POKOMACHI_INSECURE_RUN_WITHOUT_ACCESS",
     "POKOMACHI_HSTS_SECONDS", "POKOMACHI_WEIGHTS", "POKOMACHI_KV_KEY",
+    "POKOMACHI_OPENAI_MAX_COMPILES", "POKOMACHI_GRAMMAR_COMPILE_CPU_S",
+    "POKOMACHI_GRAMMAR_COMPILE_TIMEOUT", "POKOMACHI_GRAMMAR_COMPILE_WORKERS",
 )  # fmt: skip
 
 
@@ -108,8 +115,11 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "prefill_chunk_while_decoding": 256,
         # compiles in worker processes, killed past their deadline (issue 33)
         "grammar_compile_workers": 2,
+        "grammar_compile_timeout_s": 20.0,
     }
     assert dumped["INFERENCE_OPENAI"]["base_url"] == ""  # our own engine answers
+    # A /v1 caller's share of a node's compiles: 4 at once, 120 s of compile in 5 minutes.
+    assert dumped["compile_shares"] == [4, 120, 300.0]
 
 
 def test_the_kv_disk_tier_can_be_turned_off(tmp_path):
@@ -157,6 +167,9 @@ def test_base_reads_the_environment(tmp_path):
         POKOMACHI_KV_HOST_BYTES="268435456",
         POKOMACHI_WEIGHTS="fp32",
         POKOMACHI_KV_CACHE_DTYPE="auto",
+        POKOMACHI_GRAMMAR_COMPILE_TIMEOUT="8.5",
+        POKOMACHI_OPENAI_MAX_COMPILES="2",
+        POKOMACHI_GRAMMAR_COMPILE_CPU_S="0",
     )
     assert dumped["DATABASE"] == {"ENGINE": "django.db.backends.postgresql", "NAME": "pokomachi"}
     assert dumped["broker"] == dumped["backend"] == "redis://10.0.0.5:6380/2"
@@ -176,7 +189,9 @@ def test_base_reads_the_environment(tmp_path):
         "kv_cache_dtype": "auto",
         "prefill_chunk_while_decoding": 256,
         "grammar_compile_workers": 2,
+        "grammar_compile_timeout_s": 8.5,
     }
+    assert dumped["compile_shares"] == [2, 0, 300.0]  # 0: no compile-time budget
     assert dumped["visibility_timeout"] == 60
     assert dumped["DEBUG"] is False
     assert dumped["INFERENCE_OPENAI"] == {
@@ -194,6 +209,9 @@ def test_base_reads_the_environment(tmp_path):
         ("POKOMACHI_RETENTION_INTERVAL", "2k", "POKOMACHI_RETENTION_INTERVAL='2k': must be a"),
         ("POKOMACHI_STATS_INTERVAL", "often", "POKOMACHI_STATS_INTERVAL='often': must be a"),
         ("POKOMACHI_OPENAI_BASE_URL", "http://gpu1:8000/v1", "POKOMACHI_OPENAI_MODEL is not"),
+        ("POKOMACHI_OPENAI_MAX_COMPILES", "-1", "must be a whole number from 0 to 10000"),
+        ("POKOMACHI_GRAMMAR_COMPILE_CPU_S", "1m", "must be a whole number from 0 to 86400"),
+        ("POKOMACHI_GRAMMAR_COMPILE_TIMEOUT", "soon", "must be a number of seconds"),
     ],
 )
 def test_base_rejects_bad_values_saying_which(tmp_path, name, value, message):
