@@ -73,23 +73,21 @@ def api_key_refusal(request: HttpRequest) -> OpenAIError | None:
     )
 
 
-def api_key_required(view: View) -> View:
-    @functools.wraps(view)
-    async def guarded(request: HttpRequest) -> HttpResponse:
-        refused = api_key_refusal(request)
-        if refused is not None:
-            return JsonResponse(refused.body(), status=refused.status)
-        return await view(request)
+def _guard(refuse: Callable[[HttpRequest], OpenAIError | None]) -> Callable[[View], View]:
+    """A view decorator answering `refuse`'s refusal as JSON instead of calling the view."""
 
-    return guarded
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        async def guarded(request: HttpRequest) -> HttpResponse:
+            refused = refuse(request)
+            if refused is not None:
+                return JsonResponse(refused.body(), status=refused.status)
+            return await view(request)
+
+        return guarded
+
+    return decorate
 
 
-def same_site_json(view: View) -> View:
-    @functools.wraps(view)
-    async def guarded(request: HttpRequest) -> HttpResponse:
-        refused = refusal(request)
-        if refused is not None:
-            return JsonResponse(refused.body(), status=refused.status)
-        return await view(request)
-
-    return guarded
+api_key_required = _guard(api_key_refusal)
+same_site_json = _guard(refusal)
