@@ -307,6 +307,7 @@ def test_a_worker_environment_loads_its_engine_settings(compose, tmp_path):
         "kv_cache_dtype": "bfloat16",  # the model's dtype on CUDA
         "prefill_chunk_while_decoding": 256,
         "grammar_compile_workers": 2,  # compiles off the serving threads where deployed
+        "grammar_compile_timeout_s": 20.0,  # a schema's compile is killed past this
     }
     volumes = compose["services"]["worker-spark-b"]["volumes"]
     assert "kv-cache:/kv-cache" in volumes
