@@ -6,14 +6,17 @@
 // Each box is tried at candidate spots around its resident's head — above, to the sides,
 // below, then the same directions farther out — and takes the first spot, within the map,
 // that overlaps no place label and no box placed before it. Boxes are placed in the order
-// given (most important first); one that finds no spot is left out (hidden), so a crowded
-// phone screen shows the selected and the newest ones, never a pile. Covering residents'
-// figures or buildings is allowed only when every free spot would: it costs (by each
-// obstacle's weight), it is not refused.
+// given (most important first). One that finds no spot is tried again ahead of the others it
+// came after (a box hemmed in by its neighbours' choices often has room when it chooses
+// first); one that still finds none is left out (hidden), so a crowded phone screen shows the
+// selected and the newest ones, never a pile. Covering residents' figures or buildings is
+// allowed only when every free spot would: it costs (by each obstacle's weight), it is not
+// refused.
 (function () {
   const GAP = 6; // between a box and what it avoids
   const RINGS = [0, 22, 46, 74, 106]; // how much farther out each round of candidates goes
   const REACH = 120; // the farthest a box may sit from its resident's head
+  const RETRIES = 3; // layouts tried again with the boxes left out moved up
 
   // Rectangles are {x, y, w, h} in map (canvas CSS pixel) coordinates.
   function overlaps(a, b, pad = 0) {
@@ -35,6 +38,12 @@
         { x: hx - w + 14 + d, y: above, side: "above" },
         { x: hx + 10 + d, y: middle, side: "right" },
         { x: hx - 10 - w - d, y: middle, side: "left" },
+        { x: hx + 10 + d, y: above, side: "above" },
+        { x: hx - 10 - w - d, y: above, side: "above" },
+        { x: hx + 10 + d, y: middle - h - GAP, side: "right" },
+        { x: hx - 10 - w - d, y: middle - h - GAP, side: "left" },
+        { x: hx + 10 + d, y: middle + h + GAP, side: "right" },
+        { x: hx - 10 - w - d, y: middle + h + GAP, side: "left" },
         { x: hx - w / 2, y: below, side: "below" },
         { x: hx + 10 + d, y: below, side: "below" },
         { x: hx - 10 - w - d, y: below, side: "below" },
@@ -99,11 +108,25 @@
    * Returns Map id -> {x, y, w, h, side, index}; an item missing from it has no room.
    */
   function placeBoxes(items, { labels, soft, bounds }) {
-    let best = null;
-    for (let keep = soft.length; keep >= 0; keep--) {
-      const result = placeGreedy(items, labels, soft.slice(0, keep).flat(), bounds);
-      if (!best || result.size > best.size) best = result;
-      if (best.size === items.length) break;
+    const placeInOrder = (order) => {
+      let best = null;
+      for (let keep = soft.length; keep >= 0; keep--) {
+        const result = placeGreedy(order, labels, soft.slice(0, keep).flat(), bounds);
+        if (!best || result.size > best.size) best = result;
+        if (best.size === order.length) break;
+      }
+      return best;
+    };
+    let best = placeInOrder(items);
+    let order = items;
+    for (let round = 0; round < RETRIES && best.size < items.length; round++) {
+      // The boxes left out move up, right behind the first (the selected resident's, which
+      // keeps its place); the rest keep their order.
+      const [first, ...rest] = order;
+      const left = rest.filter((item) => !best.has(item.id));
+      order = [first, ...left, ...rest.filter((item) => best.has(item.id))];
+      const result = placeInOrder(order);
+      if (result.size > best.size && (result.has(first.id) || !best.has(first.id))) best = result;
     }
     return best;
   }

@@ -190,3 +190,53 @@ def test_bubbles_and_clouds_keep_off_place_names_and_each_other(web_server, brow
             page.evaluate("townReplay.map.bubbleMs = Infinity; townReplay.show(0, false)")
             _check_layout(page, "townReplay.map", kind="bubble", width_name=name)
             _screenshot(page, f"replay-{name}")
+
+
+LAYOUT_JS = Path(__file__).resolve().parents[2] / "static" / "town" / "layout.js"
+
+
+def test_a_box_hemmed_in_by_its_neighbours_still_finds_room(browser):
+    """Ten residents crowded under three neighbouring places (map pixels, as map.js hands them
+    to the layout): every box fits without covering a name or another box, though laid out
+    greedily in the given order with only the spots straight above, beside and below each
+    head, one box found none (a crowd like the one where CI's desktop page showed 9 of 10)."""
+    heads = [  # (hx, head top, feet bottom, box height: one or two lines)
+        (249, 314, 355, 19),
+        (419, 305, 356, 32),
+        (317, 424, 485, 32),
+        (276, 314, 355, 32),
+        (385, 347, 398, 19),
+        (344, 424, 485, 19),
+        (303, 314, 355, 32),
+        (473, 305, 356, 32),
+        (371, 424, 485, 32),
+        (378, 284, 325, 19),
+    ]
+    items = [
+        {"id": i, "w": 140, "h": h, "anchor": {"hx": hx, "top": top, "bottom": bottom}}
+        for i, (hx, top, bottom, h) in enumerate(heads)
+    ]
+    label_at = [(229, 290), (399, 281), (297, 400), (728, 515), (749, 566), (117, 402),
+                (162, 517), (224, 439), (164, 150), (47, 93), (109, 389), (275, 476)]  # fmt: skip
+    labels = [{"x": x, "y": y, "w": 100, "h": 28} for x, y in label_at]
+    figures = [
+        {"x": hx - 14, "y": top, "w": 28, "h": bottom - top, "weight": 1}
+        for hx, top, bottom, _ in heads
+    ]
+    buildings = [
+        {"x": x, "y": y, "w": 80, "h": 70, "weight": 1}
+        for x, y in [(239, 210), (409, 201), (307, 320)]
+    ]
+    page = browser.new_page()
+    page.add_script_tag(path=str(LAYOUT_JS))
+    placed = page.evaluate(
+        """([items, labels, soft]) => [...TownLayout.placeBoxes(
+            items, {labels, soft, bounds: {w: 910, h: 740}}).entries()]""",
+        [items, labels, [figures, buildings]],
+    )
+    boxes = {box_id: rect for box_id, rect in placed}
+    assert sorted(boxes) == list(range(len(items))), f"left out: {set(range(10)) - set(boxes)}"
+    rects = list(boxes.values())
+    for i, box in enumerate(rects):
+        assert not any(_overlap(box, label) for label in labels), box
+        assert not any(_overlap(box, other) for other in rects[i + 1 :]), box
