@@ -60,7 +60,7 @@ def test_relative_links_resolve(page):
 
 
 def test_readme_starts_with_the_two_commands():
-    """The project rule: README.md starts with `make run` and `make test`, and CI runs the latter."""
+    """The project rule: README.md starts with `make run` and `make test`; CI runs the latter."""
     head = (ROOT / "README.md").read_text().split("```")[1]
     lines = [ln.split("#")[0].strip() for ln in head.splitlines()[1:] if ln.strip()]
     assert lines == ["make run", "make test"]
