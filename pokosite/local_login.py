@@ -36,7 +36,7 @@ def local_superuser_create() -> tuple[str, str] | None:
 def login_lines(admin_url: str, created: tuple[str, str] | None) -> list[str]:
     """What the launcher prints about logging in, after `local_superuser_create()`."""
     if access_is_enabled():
-        return [f"log in at {admin_url} through Cloudflare Access (README: 'Deploying ...')"]
+        return [f"log in at {admin_url} through Cloudflare Access (docs/deploy.md)"]
     token = f"API token: {MANAGE} drf_create_token <username>  (README: 'The API from a script')"
     if created is not None:
         username, password = created

@@ -7,7 +7,7 @@ outright. Clients that are not browsers send no Origin and are not affected.
 
 API keys (vLLM's --api-key): with settings.OPENAI_API_KEYS set (POKOMACHI_API_KEYS), every /v1
 request must carry one of them as `Authorization: Bearer <key>`; a missing or wrong key is a 401
-in OpenAI's shape. Unset, /v1 reads no key (see the README's Security section).
+in OpenAI's shape. Unset, /v1 reads no key (docs/api.md, "API keys on /v1").
 """
 
 from __future__ import annotations

@@ -236,12 +236,13 @@ INFERENCE_ENGINE["grammar_compile_timeout_s"] = env_float("POKOMACHI_GRAMMAR_COM
 # The KV pool's size in blocks of 16 tokens (unset: the engine's byte budget decides).
 if env_str("POKOMACHI_KV_BLOCKS"):
     INFERENCE_ENGINE["num_kv_blocks"] = env_int("POKOMACHI_KV_BLOCKS", 0, low=1, high=10_000_000)
-# One model split over several processes or machines (tensor / expert parallel): README's "One
-# model over two machines". Unset POKOMACHI_TP_SIZE: one process.
+# One model split over several processes or machines (tensor / expert parallel): docs/deploy.md,
+# "One model over two machines". Unset POKOMACHI_TP_SIZE: one process.
 INFERENCE_ENGINE.update(env_tensor_parallel())
-# KV tiers below the device pool (inference/engine/kv/tiers; README "KV cache tiers"): a disk
-# directory every worker of the deployment shares (a shared mount across machines), kept for
-# POKOMACHI_KV_DISK_TTL seconds since last use under POKOMACHI_KV_DISK_BYTES; "off": none.
+# KV tiers below the device pool (inference/engine/kv/tiers; docs/deploy.md, "The KV disk
+# tier"): a disk directory every worker of the deployment shares (a shared mount across
+# machines), kept for POKOMACHI_KV_DISK_TTL seconds since last use under POKOMACHI_KV_DISK_BYTES;
+# "off": none.
 # Unset: var/kv-cache, so `make run` finds its prefixes again after a restart. A host-memory
 # tier (POKOMACHI_KV_HOST_BYTES) sits between the device pool and the disk.
 # Unset, the engine runs without the tiers where they cannot store its KV yet (a
@@ -255,7 +256,7 @@ INFERENCE_ENGINE.update(
     kv_host_cache_bytes=env_int("POKOMACHI_KV_HOST_BYTES", 0, low=0, high=1 << 44),
     kv_tiers_where_supported=not env_str("POKOMACHI_KV_DISK_DIR", ""),
 )
-# The disk tier's files carry a MAC under this key (README "KV cache tiers", trust model); every
+# The disk tier's files carry a MAC under this key (docs/deploy.md, the trust model); every
 # node sharing the directory needs the same one. POKOMACHI_KV_KEY, else one derived from a real
 # POKOMACHI_SECRET_KEY (at least 32 characters, not a placeholder; every node shares it already:
 # it derives the cache salts), else None: each engine then trusts only the files it wrote itself.
@@ -320,7 +321,7 @@ INFERENCE_PRIORITY_REQUESTED = env_int(
 )
 INFERENCE_PRIORITY_TICK = env_int("POKOMACHI_PRIORITY_TICK", 1, low=-(2**31) + 1, high=2**31 - 1)
 # API keys /v1 requires (vLLM's --api-key), comma-separated: set, a request without one of them
-# as `Authorization: Bearer <key>` gets a 401; unset, /v1 reads no key (README, Security).
+# as `Authorization: Bearer <key>` gets a 401; unset, /v1 reads no key (docs/api.md).
 OPENAI_API_KEYS = env_list("POKOMACHI_API_KEYS", [])
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
 # of our engine when base_url is set; the workers then load no model (inference/remote.py).

@@ -65,8 +65,9 @@ RUN_WITHOUT_ACCESS = env_bool(RUN_WITHOUT_ACCESS_ENV, False)
 if not CF_ACCESS_TEAM_DOMAIN.strip() and not RUN_WITHOUT_ACCESS:
     raise ImproperlyConfigured(
         "Cloudflare Access is not configured: set CF_ACCESS_TEAM_DOMAIN and CF_ACCESS_AUD (see "
-        f"the README, 'Deploying behind Cloudflare Access'), or set {RUN_WITHOUT_ACCESS_ENV}=true "
-        "to run production without it (every page, /v1, /metrics and the API then need a login)"
+        "docs/deploy.md, 'Deploying behind Cloudflare Access'), or set "
+        f"{RUN_WITHOUT_ACCESS_ENV}=true to run production without it (every page, /v1, /metrics "
+        "and the API then need a login)"
     )
 LOGIN_REQUIRED_WITHOUT_ACCESS = RUN_WITHOUT_ACCESS
 TOWN_VIEW_LOGIN_REQUIRED = TOWN_VIEW_LOGIN_REQUIRED or RUN_WITHOUT_ACCESS

@@ -63,5 +63,5 @@ def test_never_under_cloudflare_access(settings, django_user_model):
     assert local_superuser_create() is None
     assert not django_user_model.objects.exists()
     assert login_lines(ADMIN_URL, None) == [
-        f"log in at {ADMIN_URL} through Cloudflare Access (README: 'Deploying ...')"
+        f"log in at {ADMIN_URL} through Cloudflare Access (docs/deploy.md)"
     ]

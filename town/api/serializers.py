@@ -174,8 +174,9 @@ class RunSerializer(serializers.HyperlinkedModelSerializer):
 
 
 class RunCreateSerializer(serializers.Serializer):
-    """The body of POST /api/runs/: what run_create takes. Every number is bounded (README,
-    "Security"): past the database's range or a sane setting it is a 400 naming the field."""
+    """The body of POST /api/runs/: what run_create takes. Every number is bounded
+    (docs/security.md, "Bad input is a 400"): past the database's range or a sane setting it is a
+    400 naming the field."""
 
     town = IdField(queryset=Town.objects.all())
     layout = serializers.ChoiceField(choices=list(LAYOUTS), default=Run.Layout.SHARED_HEAD)
