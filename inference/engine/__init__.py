@@ -10,9 +10,9 @@ from inference.engine.core.llm_engine import (
     RequestOutput,
     StreamDelta,
 )
-from inference.engine.core.metrics import EngineStats, RequestMetrics
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.request_errors import RequestError
+from inference.engine.sampling_params import SamplingParams
 
 __all__ = [
     "EngineConfig",

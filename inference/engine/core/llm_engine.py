@@ -27,10 +27,6 @@ import torch
 
 from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
-from inference.engine.core.metrics import EngineStats, RequestMetrics
-from inference.engine.core.request import Request, RequestStatus
-from inference.engine.core.request_errors import request_failed
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.distributed.executor import TensorParallelExecutor
 from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
@@ -42,14 +38,18 @@ from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
 from inference.engine.kv.tiers.offloader import KVOffloader
 from inference.engine.memory_plan import check_engine
+from inference.engine.metrics import EngineStats, RequestMetrics
 from inference.engine.models import load_model
 from inference.engine.models.deepseek_v4.loader import Shard
+from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import request_failed
 from inference.engine.runner.model_runner import (
     ModelRunner,
     RunnerSetup,
     group_block_bytes,
     kv_groups_of,
 )
+from inference.engine.sampling_params import SamplingParams
 from inference.engine.spec_decode import Drafter
 from inference.engine.spec_decode.mtp import MtpDrafter
 from inference.engine.spec_decode.ngram import NgramProposer

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
-from inference.engine.core.request_errors import RequestError
 from inference.engine.loading.tokenizer import Tokenizer
+from inference.engine.request_errors import RequestError
 from inference.engine.structured_output.grammar_compiler import (
     GrammarCache,
     compile_in_thread,
