@@ -4,13 +4,9 @@ Pure Python + torch (+ xgrammar, gguf, tokenizers); never imports Django-side co
 """
 
 from inference.engine.config import EngineConfig
-from inference.engine.core.llm_engine import (
-    LLMEngine,
-    RequestAbortedError,
-    RequestOutput,
-    StreamDelta,
-)
+from inference.engine.core.llm_engine import LLMEngine
 from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
 
