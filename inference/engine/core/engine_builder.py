@@ -66,7 +66,6 @@ def build_engine(
     """Every component of an engine on `device`; with an `executor` this is rank 0 of a
     tensor-parallel engine and the runner is the executor."""
     cache, scheduling, running = config.cache, config.scheduler, config.runner
-    grammars = config.structured_output
     # Logged, and refused when it does not fit, before a byte of weights is read.
     memory_plan = check_engine(config)
     parallel = config.parallel
@@ -135,12 +134,7 @@ def build_engine(
         prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
     )
     structured = StructuredOutputManager(
-        loaded.tokenizer,
-        loaded.config.vocab_size,
-        limits=grammars.schema_limits,
-        compile_timeout_s=grammars.grammar_compile_timeout_s,
-        max_compile_workers=grammars.grammar_compile_workers,
-        cache_bytes=grammars.grammar_cache_bytes,
+        loaded.tokenizer, loaded.config.vocab_size, config.structured_output
     )
     setup = RunnerSetup(
         num_blocks=num_blocks,
