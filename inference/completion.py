@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inference.errors import CompletionInputError
 
 if TYPE_CHECKING:
-    from inference.engine.core.metrics import RequestMetrics
+    from inference.engine.metrics import RequestMetrics
 
 ROLES = ("system", "user", "assistant")
 _LOST_PREFIX = "num_lost_to_"  # RequestMetrics' spelling of a lost-token count, kept in JSON
@@ -88,7 +88,7 @@ def messages_check(messages: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CompletionMetrics:
-    """One completion's metrics, vLLM's definitions (inference/engine/core/metrics.py): seconds and
+    """One completion's metrics, vLLM's definitions (inference/engine/metrics.py): seconds and
     token counts. None where the backend did not report it: an external server may send no
     usage (token counts) and, unless it is another Pokomachi, no queue or prefill time."""
 

@@ -20,7 +20,7 @@ import redis
 from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from inference.engine.core.metrics import EngineStats
+from inference.engine.metrics import EngineStats
 from inference.runtime import engine_get, engine_is_loaded
 
 logger = logging.getLogger(__name__)

@@ -71,3 +71,65 @@ def test_the_engine_never_reads_the_environment():
     engine_dir = Path(inference.engine.__file__).parent
     readers = [p.name for p in engine_dir.rglob("*.py") if "os.environ" in p.read_text()]
     assert readers == []
+
+
+# The engine's floors (the import-linter contract "Nothing below the engine's core imports it"
+# says the same): these read each other, never core/.
+BELOW_CORE = [
+    "config.py", "request.py", "sampling_params.py", "scheduler_output.py", "metrics.py",
+    "request_errors.py", "outputs.py", "kv", "runner", "attention", "kernels", "models",
+    "distributed", "spec_decode", "structured_output", "loading", "memory_plan",
+]  # fmt: skip
+
+
+def absolute_imports(path: Path, package: str) -> set[str]:
+    """Every module `path` names in an import, relative ones resolved against `package` (the
+    file's own package), and `from a import b` read as both `a` and `a.b`."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            parent = ".".join(base) if node.level else ""
+            module = ".".join(p for p in (parent, node.module or "") if p)
+            modules.add(module)
+            modules.update(f"{module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def core_importers(engine_dir: Path, below_core: list[str]) -> dict:
+    found = {}
+    for entry in below_core:
+        root = engine_dir / entry
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            name = path.relative_to(engine_dir.parent.parent)
+            package = ".".join(name.parts[:-1])  # a.py's and __init__.py's own package
+            bad = sorted(
+                m
+                for m in absolute_imports(path, package)
+                if m == "inference.engine.core" or m.startswith("inference.engine.core.")
+            )
+            if bad:
+                found[str(name)] = bad
+    return found
+
+
+def test_nothing_below_the_engine_core_imports_it():
+    engine_dir = Path(inference.engine.__file__).parent
+    assert all((engine_dir / entry).exists() for entry in BELOW_CORE)
+    assert core_importers(engine_dir, BELOW_CORE) == {}
+
+
+def test_the_core_walk_sees_relative_and_absolute_imports(tmp_path):
+    engine_dir = tmp_path / "inference" / "engine"
+    (engine_dir / "kv" / "tiers").mkdir(parents=True)
+    (engine_dir / "kv" / "tiers" / "a.py").write_text("from ...core import scheduler\n")
+    (engine_dir / "kv" / "b.py").write_text("from ..core.request import Request\n")
+    (engine_dir / "kv" / "c.py").write_text("from inference.engine import core\n")
+    (engine_dir / "kv" / "d.py").write_text("import inference.engine.core.llm_engine\n")
+    (engine_dir / "kv" / "e.py").write_text("from ..request import Request\n")
+    (engine_dir / "request.py").write_text("from .core.scheduler import Scheduler\n")
+    found = core_importers(engine_dir, ["kv", "request.py"])
+    found = {Path(path).name: modules for path, modules in found.items()}
+    assert set(found) == {"a.py", "b.py", "c.py", "d.py", "request.py"}

@@ -4,15 +4,11 @@ Pure Python + torch (+ xgrammar, gguf, tokenizers); never imports Django-side co
 """
 
 from inference.engine.config import EngineConfig
-from inference.engine.core.llm_engine import (
-    LLMEngine,
-    RequestAbortedError,
-    RequestOutput,
-    StreamDelta,
-)
-from inference.engine.core.metrics import EngineStats, RequestMetrics
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.llm_engine import LLMEngine
+from inference.engine.metrics import EngineStats, RequestMetrics
+from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
+from inference.engine.request_errors import RequestError
+from inference.engine.sampling_params import SamplingParams
 
 __all__ = [
     "EngineConfig",

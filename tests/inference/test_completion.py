@@ -10,7 +10,7 @@ import json
 import pytest
 
 from inference.completion import Completion, CompletionMetrics, CompletionRequest
-from inference.engine.core.metrics import RequestMetrics
+from inference.engine.metrics import RequestMetrics
 from inference.errors import CompletionInputError
 
 MESSAGES = [{"role": "user", "content": "Where do you go?"}]

@@ -1,9 +1,11 @@
-"""The engine's core: a request's life from arrival to its last token.
+"""The engine's top floor: a request's life from arrival to its last token.
 
 `llm_engine` (the thread-safe front and the loop: schedule -> execute -> update_from_output),
-`scheduler` (continuous batching, chunked prefill, preemption; what a step's tokens do to its
-requests), `scheduler_output` (the step's plan, what the runner reads), `request`,
-`sampling_params`, `metrics` (per-request metrics and the engine's stats), `detokenizer`,
-`request_errors`. May import the engine's other folders (kv/, runner/, structured_output/,
-loading/); nothing Django-side.
+`engine_builder` (an EngineConfig becomes the model, the KV cache manager, the scheduler, the
+runner, ...), `input_processor` (a prompt becomes a checked Request), `scheduler` (continuous
+batching, chunked prefill, preemption; what a step's tokens do to its requests),
+`detokenizer`. The data types it shares with the floors below live at the engine's root
+(`request`, `sampling_params`, `scheduler_output`, `metrics`, `request_errors`, `outputs`).
+Imports the engine's other folders (kv/, runner/, structured_output/, loading/); none of them
+imports this one (tests/test_import_contracts.py), and nothing Django-side.
 """

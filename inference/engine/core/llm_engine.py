@@ -13,119 +13,36 @@ RequestAbortedError; the other requests go on untouched.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from inference.engine.config import CacheConfig, EngineConfig
+from inference.engine.config import EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
-from inference.engine.core.metrics import EngineStats, RequestMetrics
-from inference.engine.core.request import Request, RequestStatus
-from inference.engine.core.request_errors import request_failed
-from inference.engine.core.sampling_params import SamplingParams
-from inference.engine.core.scheduler import Scheduler
+from inference.engine.core.engine_builder import build_engine
+from inference.engine.core.input_processor import InputProcessor, Prompt, is_single_prompt
 from inference.engine.distributed.executor import TensorParallelExecutor
-from inference.engine.kv.breakpoints import chat_breakpoints, check_breakpoints
-from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
-from inference.engine.kv.pinned_heads import PinnedHead, PinnedHeads
-from inference.engine.kv.tiers.block_file import BlockLayout
-from inference.engine.kv.tiers.disk_tier import DiskTier
-from inference.engine.kv.tiers.group_io import GroupIO
-from inference.engine.kv.tiers.host_tier import HostTier
-from inference.engine.kv.tiers.offloader import KVOffloader
-from inference.engine.memory_plan import check_engine
-from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4.loader import Shard
-from inference.engine.runner.model_runner import (
-    ModelRunner,
-    RunnerSetup,
-    group_block_bytes,
-    kv_groups_of,
-)
-from inference.engine.spec_decode import Drafter
-from inference.engine.spec_decode.mtp import MtpDrafter
-from inference.engine.spec_decode.ngram import NgramProposer
-from inference.engine.structured_output.structured_output import (
-    CompileOutcome,
-    StructuredOutputManager,
-)
+from inference.engine.kv.pinned_heads import PinnedHead
+from inference.engine.metrics import EngineStats
+from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
+from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import request_failed
+from inference.engine.runner.model_runner import kv_groups_of
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.structured_output.structured_output import CompileOutcome
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[int] | list[dict[str, Any]]
-
-
-class RequestAbortedError(RuntimeError):
-    """The request was aborted before it finished (its caller gave up: see LLMEngine.abort)."""
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    metrics: RequestMetrics
-
-
-@dataclass(slots=True)
-class StreamDelta:
-    """What a streamed request added since the last delta; `output` is set on the last one."""
-
-    text: str  # safe to show: no half character, no part of a stop string
-    token_ids: list[int] = field(default_factory=list)
-    output: RequestOutput | None = None
-    request_id: str = ""  # for LLMEngine.abort
-
-
-def kv_block_counts(
-    cache: CacheConfig, group_bytes: dict[str, int], *, own_state: bool
-) -> tuple[int, int]:
-    """Blocks of the full group and of the window (sliding) group: the same count for both,
-    or each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
-    separate = cache.window_cache_fraction is not None or cache.num_window_blocks is not None
-    if separate and not (own_state and "sliding" in group_bytes):
-        raise ValueError(
-            "window_cache_fraction / num_window_blocks give the window group its own budget; "
-            "only DeepSeek-V4 models support that so far"
-        )
-    budget = cache.kv_cache_memory_bytes
-    if cache.num_kv_blocks is not None:
-        num_blocks = cache.num_kv_blocks
-        num_window = cache.num_window_blocks or num_blocks
-    elif cache.window_cache_fraction is not None:
-        num_blocks = int(budget * (1 - cache.window_cache_fraction)) // group_bytes["full"]
-        num_window = int(budget * cache.window_cache_fraction) // group_bytes["sliding"]
-    else:
-        num_blocks = num_window = budget // sum(group_bytes.values())
-        num_window = cache.num_window_blocks or num_window
-    for name, count, size in (
-        ("full", num_blocks, group_bytes["full"]),
-        ("window", num_window, group_bytes.get("sliding", 0)),
-    ):
-        if count < 2:
-            raise ValueError(
-                f"the KV budget holds {count} {name}-group blocks of {size} bytes; at least 2 "
-                "are needed: raise kv_cache_memory_bytes (or the group's share of it)"
-            )
-    return num_blocks, num_window
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(config.seed)
         self._lock = threading.Condition()
         self._inbox: list[tuple[Request, Future]] = []
         self._futures: dict[str, Future] = {}
@@ -167,111 +84,31 @@ class LLMEngine:
         self._run_loop()
 
     def _start(self, config: EngineConfig) -> None:
-        """Load the model (this rank's shard of it), size the KV cache, build the scheduler,
-        the structured-output manager and the runner."""
-        cache, scheduling, running = config.cache, config.scheduler, config.runner
-        grammars = config.structured_output
-        # Logged, and refused when it does not fit, before a byte of weights is read.
-        self.memory_plan = check_engine(config)
-        parallel = config.parallel
-        # Under expert parallelism rank 0 reads only its share of the routed experts.
-        shard = Shard(0, parallel.tensor_parallel_size) if parallel.enable_expert_parallel else None
-        loaded = load_model(config.model, self.device, config.seed, running.weights, shard=shard)
-        self.weights = loaded.weights  # "auto" resolved: what every request's metrics report
-        if self.executor is not None:
-            loaded = self.executor.shard(loaded)  # the KV cache below is this rank's shard too
-        self.tokenizer = loaded.tokenizer
-        self.model_config = loaded.config
-        self.max_model_len = min(
-            scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len
-        )
-        own_state = hasattr(loaded.model, "allocate_state")
-        self.kv_cache_dtype = running.kv_cache_dtype  # what every request's metrics report
-        if own_state and self.kv_cache_dtype != running.dtype:
-            logger.warning(
-                "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
-                "does not apply to it",
-                type(loaded.model).__name__,
-                running.dtype,
-                self.kv_cache_dtype,
-            )
-            self.kv_cache_dtype = running.dtype
-        dtype = getattr(torch, self.kv_cache_dtype)
-        # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
-        group_bytes = {
-            group: size * dtype.itemsize // 4
-            for group, size in group_block_bytes(loaded.config, cache.block_size).items()
-        }
-        # A running request holds its window plus one prefill chunk in the sliding group (with
-        # equal counts, the check of a prompt against num_blocks covers it).
-        window = getattr(loaded.config, "sliding_window", None) or 0
-        min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
-        self.num_blocks, self.num_window_blocks = kv_block_counts(
-            cache, group_bytes, own_state=own_state
-        )
-        if self.num_window_blocks != self.num_blocks and self.num_window_blocks < min_window:
-            raise ValueError(
-                f"the window group has {self.num_window_blocks} blocks; one request's window "
-                f"({window} tokens) plus a prefill chunk ({scheduling.max_num_batched_tokens}) "
-                f"needs {min_window}: raise its budget or lower max_num_batched_tokens"
-            )
-        self.kv_cache_manager = KVCacheManager(
-            self.num_blocks,
-            cache.block_size,
-            cache.enable_prefix_caching,
-            loaded.fingerprint,
-            sliding_window=self._sliding_window(loaded.config),
-            num_sliding_blocks=self.num_window_blocks,
-            retention_interval=cache.retention_interval,
-            exact_reuse=cache.enable_partial_block_reuse,
-            junction_checkpoints=cache.enable_junction_checkpoints,
-            bounded_replay=self._bounded_replay(loaded.config),
-        )
-        self.pinned = PinnedHeads(self.kv_cache_manager, cache.max_pinned_fraction)
-        # Bytes one sliding-group block holds across the sliding layers (checkpoint memory).
-        self.sliding_block_bytes = group_bytes.get("sliding", 0)
-        self.scheduler = Scheduler(
-            self.kv_cache_manager,
-            scheduling.max_num_seqs,
-            scheduling.max_num_batched_tokens,
-            # A full-attention model already shares a head computed in the same step (blocks are
-            # registered when allocated and each layer writes before it reads); holding requests
-            # back would only add a step. A sliding-window model needs the checkpoint.
-            enable_shared_prefill=scheduling.enable_shared_prefill
-            and cache.enable_prefix_caching
-            and self.kv_cache_manager.sliding is not None,
-            tokenizer=self.tokenizer,
-            max_model_len=self.max_model_len,
-            enable_jump_forward=scheduling.enable_jump_forward,
-            drafter=self._drafter(loaded.model),
-            num_speculative_tokens=config.speculative.num_speculative_tokens,
-            prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
-        )
-        self.structured = StructuredOutputManager(
+        """Build every component (core/engine_builder.py) and keep what the front and the
+        loop use."""
+        parts = build_engine(config, self.device, self.executor)
+        self.memory_plan = parts.memory_plan
+        self.weights = parts.weights
+        self.kv_cache_dtype = parts.kv_cache_dtype
+        self.tokenizer = parts.tokenizer
+        self.model_config = parts.model_config
+        self.max_model_len = parts.max_model_len
+        self.num_blocks = parts.num_blocks
+        self.num_window_blocks = parts.num_window_blocks
+        self.sliding_block_bytes = parts.sliding_block_bytes
+        self.kv_cache_manager = parts.kv_cache_manager
+        self.pinned = parts.pinned
+        self.scheduler = parts.scheduler
+        self.structured = parts.structured
+        self.runner = parts.runner
+        self.offloader = parts.offloader
+        self.processor = InputProcessor(
+            config,
             self.tokenizer,
-            loaded.config.vocab_size,
-            limits=grammars.schema_limits,
-            compile_timeout_s=grammars.grammar_compile_timeout_s,
-            max_compile_workers=grammars.grammar_compile_workers,
-            cache_bytes=grammars.grammar_cache_bytes,
-        )
-        setup = RunnerSetup(
+            self.structured,
+            max_model_len=self.max_model_len,
             num_blocks=self.num_blocks,
-            block_size=cache.block_size,
-            num_window_blocks=self.num_window_blocks,
-            dtype=running.dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
-            use_kernels=running.attention_backend == "triton",
-            cuda_graph_max_len=self.max_model_len if running.enable_cuda_graphs else None,
-            max_num_seqs=scheduling.max_num_seqs,
-            decode_windows=running.enable_decode_windows,
-            draft_with_mtp=config.speculative.speculative_method == "mtp",
         )
-        runner = setup.build(loaded, self.device, self.structured)
-        if self.executor is not None:
-            self.executor.attach(runner, setup)
-        self.runner: ModelRunner | TensorParallelExecutor = self.executor or runner
-        self.offloader = self._kv_offloader(loaded.fingerprint, dtype) if cache.has_tiers else None
 
     # ---- the public front -------------------------------------------------------------
 
@@ -288,8 +125,8 @@ class LLMEngine:
         still running are aborted and TimeoutError is raised. `priority`: the scheduling
         class, lower first (vLLM's priority policy; see Scheduler.schedule)."""
         params = params or SamplingParams()
-        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
-        requests = [self._make_request(prompt, params, priority) for prompt in batch]
+        batch = [prompts] if is_single_prompt(prompts) else list(prompts)
+        requests = [self.processor.make_request(prompt, params, priority) for prompt in batch]
         futures = self._submit(requests)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -319,7 +156,7 @@ class LLMEngine:
         is closed) aborts the request; past `timeout` seconds it is aborted and TimeoutError
         is raised. `priority` as in `generate`."""
         params = params or SamplingParams()
-        request = self._make_request(prompt, params, priority)
+        request = self.processor.make_request(prompt, params, priority)
         sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         request.on_token = sampled.put
         (future,) = self._submit([request])
@@ -433,7 +270,7 @@ class LLMEngine:
         `pin`, keep it cached until `unpin(handle)`. Thread-safe like generate."""
         if not self.config.cache.enable_prefix_caching:
             raise ValueError("warm() needs enable_prefix_caching=True: nothing would be kept")
-        token_ids = self._tokenize(prompt_head, add_generation_prompt=False)
+        token_ids = self.processor.tokenize(prompt_head, add_generation_prompt=False)
         if pin:
             with self._lock:
                 self.pinned.check_room(len(token_ids))
@@ -491,179 +328,6 @@ class LLMEngine:
         """Wait until every block computed so far is written to the KV tiers (False on
         timeout; True at once without tiers)."""
         return self.offloader.flush(timeout) if self.offloader is not None else True
-
-    def _kv_tiers_unsupported(self) -> str | None:
-        """Why the KV tiers cannot store this engine's KV, or None when they can."""
-        if self.executor is not None:
-            return (
-                "the KV tiers do not read a tensor-parallel engine's KV shards yet; use them "
-                "with tensor_parallel_size=1"
-            )
-        if self.runner.state is not None:
-            return (
-                f"model {self.config.model} keeps its own compressed state (DeepSeek-V4), which "
-                "the KV tiers do not store yet; use them with llama-family or Gemma 3 models"
-            )
-        return None
-
-    def _kv_offloader(self, fingerprint: str, dtype: torch.dtype) -> KVOffloader | None:
-        """The tiers below the device pool (kv/tiers), for every KV cache group."""
-        cache = self.config.cache
-        unsupported = self._kv_tiers_unsupported()
-        if unsupported and cache.kv_tiers_where_supported:
-            logger.info("KV tiers off for this engine: %s", unsupported)
-            return None
-        if unsupported:
-            raise ValueError(f"kv_host_cache_bytes / kv_disk_cache_dir: {unsupported}")
-
-        def group(name: str) -> GroupIO:
-            shape = self.runner.block_shape(name)
-            layout = BlockLayout(fingerprint, name, cache.block_size, shape, str(dtype)[6:])
-            manager = self.kv_cache_manager.coordinator.full
-            if name == "sliding":
-                manager = self.kv_cache_manager.sliding
-            return GroupIO(
-                layout,
-                manager,
-                lambda block_ids: self.runner.read_blocks(name, block_ids),
-                lambda block_ids, payload: self.runner.write_blocks(name, block_ids, payload),
-            )
-
-        host = HostTier(cache.kv_host_cache_bytes) if cache.kv_host_cache_bytes else None
-        disk = None
-        if cache.kv_disk_cache_dir is not None:
-            disk = DiskTier(
-                cache.kv_disk_cache_dir,
-                cache.kv_disk_cache_bytes,
-                cache.kv_disk_cache_ttl_s,
-                key=cache.disk_cache_key,
-            )
-        sliding = group("sliding") if self.kv_cache_manager.sliding is not None else None
-        return KVOffloader(
-            group("full"),
-            sliding,
-            host=host,
-            disk=disk,
-            load_timeout_s=cache.kv_disk_load_timeout_s,
-        )
-
-    def _drafter(self, model) -> Drafter | None:
-        speculative = self.config.speculative
-        if speculative.speculative_method is None:
-            return None
-        if speculative.speculative_method == "mtp":
-            if not getattr(model, "has_mtp", False):
-                raise ValueError(
-                    "speculative_method='mtp' needs a model with a multi-token-prediction "
-                    f"layer; model {self.config.model} has none (DeepSeek-V4 checkpoints with "
-                    "num_nextn_predict_layers ≥ 1 do): use 'ngram'"
-                )
-            return MtpDrafter()
-        return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
-
-    def _bounded_replay(self, model_config) -> BoundedReplay | None:
-        if not self.config.cache.enable_bounded_replay:
-            return None
-        alignment = getattr(model_config, "replay_alignment", None)
-        if alignment is None:
-            raise ValueError(
-                f"enable_bounded_replay is DeepSeek's scheme for DeepSeek-V4; model "
-                f"{self.config.model} has no compressed state to replay over"
-            )
-        return BoundedReplay(int(model_config.sliding_window), int(alignment))
-
-    def _sliding_window(self, model_config) -> int | None:
-        """The window of the model's sliding layers (None: it has none, the retention interval
-        changes nothing and we say so)."""
-        groups = kv_groups_of(model_config)
-        if "sliding" not in groups:
-            if self.config.cache.retention_interval is not None:
-                logger.warning(
-                    "retention_interval=%s changes nothing: model %s has no sliding-window "
-                    "layers (every layer keeps all its KV, so every cached block is reusable)",
-                    self.config.cache.retention_interval,
-                    self.config.model,
-                )
-            return None
-        if "full" not in groups:
-            raise ValueError(
-                f"model {self.config.model} has only sliding-window layers; the engine needs "
-                "at least one full-attention layer to chain its prefix cache"
-            )
-        return int(model_config.sliding_window)
-
-    # ---- building requests (caller's thread) --------------------------------------------
-
-    def _make_request(self, prompt: Prompt, params: SamplingParams, priority: int = 0) -> Request:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an int (lower is served first), not {priority!r}")
-        token_ids = self._tokenize(prompt)
-        if self.tokenizer is None and params.stop_list:
-            raise ValueError(self._no_tokenizer("stop strings"))
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        breakpoints = check_breakpoints(params.cache_breakpoints, len(token_ids))
-        is_chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
-        if is_chat and self.config.cache.enable_chat_breakpoints:
-            marked = chat_breakpoints(self.tokenizer, prompt, token_ids)
-            breakpoints = sorted({*breakpoints, *marked})
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(token_ids)} tokens; the model's context is {self.max_model_len} "
-                "(prompt plus at least one output token): shorten the prompt"
-            )
-        vocab = self.structured.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        max_len = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        needed_blocks = -(-max_len // self.config.cache.block_size)
-        if needed_blocks > self.num_blocks:
-            raise ValueError(
-                f"prompt plus max_tokens needs {needed_blocks} KV blocks but the cache holds "
-                f"{self.num_blocks}: raise kv_cache_memory_bytes or lower max_tokens"
-            )
-        schema = params.json_schema_text()
-        compile_started = time.perf_counter()
-        grammar = self.structured.grammar_for(schema) if schema is not None else None
-        grammar_compile_s = time.perf_counter() - compile_started if grammar is not None else 0.0
-        seed = params.seed
-        if seed is None and not params.is_greedy:
-            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        return Request(
-            request_id=str(next(self._ids)),
-            prompt_token_ids=token_ids,
-            sampling_params=params,
-            grammar=grammar,
-            generator=generator,
-            cache_breakpoints=breakpoints,
-            grammar_compile_s=grammar_compile_s,
-            priority=priority,
-        )
-
-    def _no_tokenizer(self, what: str) -> str:
-        return (
-            f"{self.config.model} has no tokenizer (no tokenizer.json in its directory): "
-            f"{what} need one; give prompts as token ids, or add the model's tokenizer.json "
-            "and tokenizer_config.json"
-        )
-
-    def _tokenize(self, prompt: Prompt, add_generation_prompt: bool = True) -> list[int]:
-        if self.tokenizer is None and not (
-            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        ):
-            raise ValueError(self._no_tokenizer("text and chat prompts"))
-        if isinstance(prompt, str):
-            # With the BOS the model's GGUF asks for (Gemma: yes; SmolLM2: no), as transformers.
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt)
-        raise ValueError(
-            "a prompt must be a string, a list of token ids, or a list of chat messages "
-            '[{"role": ..., "content": ...}]'
-        )
 
     # ---- the loop (engine thread) -------------------------------------------------------
 
@@ -769,9 +433,3 @@ def _next_token(
 def _schema_text(schema: str | dict) -> str:
     """The text a request's SamplingParams gives the grammar cache, so both find one entry."""
     return SamplingParams(json_schema=schema).json_schema_text()
-
-
-def _is_single_prompt(prompts: Any) -> bool:
-    if isinstance(prompts, str):
-        return True
-    return isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (int, dict))

@@ -26,12 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inference.engine.core.metrics import SchedulerStats
-from inference.engine.core.request import Request, RequestStatus
-from inference.engine.core.request_errors import RequestError, request_failed
-from inference.engine.core.scheduler_output import Sampled, ScheduledRequest, SchedulerOutput
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.shared_prefill import find_followers
+from inference.engine.metrics import SchedulerStats
+from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import RequestError, request_failed
+from inference.engine.scheduler_output import Sampled, ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
     from inference.engine.loading.tokenizer import Tokenizer

@@ -23,8 +23,6 @@ import torch
 import torch.distributed as dist
 
 from inference.engine.config import EngineConfig
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.scheduler_output import SchedulerOutput
 from inference.engine.distributed.communicator import (
     CommStats,
     close_distributed,
@@ -35,7 +33,9 @@ from inference.engine.distributed.launcher import WorkerProcesses
 from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.models import LoadedModel
+from inference.engine.request_errors import RequestError
 from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
+from inference.engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

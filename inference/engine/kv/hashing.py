@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NewType
 import numpy as np
 
 if TYPE_CHECKING:
-    from inference.engine.core.request import Request
+    from inference.engine.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
 REPLAY_MARK = b"\x1freplay"

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inference.engine.core.request import Request
 from inference.engine.kv.block_pool import KVCacheBlock
 from inference.engine.kv.partial_blocks import BlockCopy, PartialBlock
 from inference.engine.kv.single_type_kv_cache_manager import (
@@ -26,6 +25,7 @@ from inference.engine.kv.single_type_kv_cache_manager import (
     PrefixMatch,
     SingleTypeKVCacheManager,
 )
+from inference.engine.request import Request
 
 
 @dataclass(slots=True)

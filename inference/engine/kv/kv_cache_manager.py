@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inference.engine.core.metrics import KVCacheStats
-from inference.engine.core.request import Request
 from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHasher
 from inference.engine.kv.kv_cache_coordinator import KVCacheCoordinator, LongestCacheHit
@@ -28,6 +26,8 @@ from inference.engine.kv.prefix_reuse import PrefixReuse
 from inference.engine.kv.retention import RetentionPolicy
 from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager, GroupHit
 from inference.engine.kv.sliding_window_manager import SlidingWindowManager
+from inference.engine.metrics import KVCacheStats
+from inference.engine.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from inference.engine.core.request import Request
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.kv.block_pool import KVCacheBlock
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request
+from inference.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inference.engine.core.request import Request
+    from inference.engine.request import Request
 
 
 def check_retention_interval(interval: int | None, block_size: int) -> None:

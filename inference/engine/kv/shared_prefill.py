@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from inference.engine.core.request import Request
+from inference.engine.request import Request
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from inference.engine.core.request import Request
 from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHash, BlockHasher, hash_block_tokens
 from inference.engine.kv.partial_blocks import matching_children, partial_source
+from inference.engine.request import Request
 
 # A request's unfilled last block, cached on free with a hash of its own: (index, hash, tokens).
 PartialTail = tuple[int, BlockHash, tuple[int, ...]]

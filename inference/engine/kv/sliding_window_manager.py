@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from inference.engine.core.request import Request
 from inference.engine.kv.block_pool import KVCacheBlock
 from inference.engine.kv.hashing import BlockHash, BlockHasher
 from inference.engine.kv.retention import RetentionPolicy
@@ -40,6 +39,7 @@ from inference.engine.kv.single_type_kv_cache_manager import (
     PrefixMatch,
     SingleTypeKVCacheManager,
 )
+from inference.engine.request import Request
 
 CheckpointKey = tuple[BlockHash, int]  # (hash of the block holding P - 1, P - that block's start)
 

@@ -236,7 +236,7 @@ def _weight_formats(spec: ModelSpec, formats: str, dtype: str) -> dict[str, str]
     }
 
 
-# ---- the KV pools (as llm_engine.kv_block_counts sizes them) ---------------------------------
+# ---- the KV pools (as engine_builder.kv_block_counts sizes them) -----------------------------
 
 
 def _configured_budget(kv: KVLayout, cache) -> int:

@@ -28,14 +28,14 @@ import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, MetadataBuilder, ScheduledSpan
 from inference.engine.attention.torch_metadata import TorchMetadataBuilder
-from inference.engine.core.request import Request
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.scheduler_output import Sampled, SchedulerOutput
 from inference.engine.kernels.metadata import KernelMetadataBuilder
 from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
+from inference.engine.request import Request
+from inference.engine.request_errors import RequestError
 from inference.engine.runner.sampler import sample
+from inference.engine.scheduler_output import Sampled, SchedulerOutput
 from inference.engine.spec_decode.mtp import mtp_drafts
 from inference.engine.structured_output.structured_output import StructuredOutputManager
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.request_errors import RequestError
+from inference.engine.sampling_params import SamplingParams
 
 
 def sample(

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from inference.engine.core.request import Request
+    from inference.engine.request import Request
 
 
 class Drafter(Protocol):

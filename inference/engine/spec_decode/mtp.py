@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.core.request import Request
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.scheduler_output import Sampled
+from inference.engine.request import Request
+from inference.engine.request_errors import RequestError
+from inference.engine.scheduler_output import Sampled
 
 
 class MtpDrafter:

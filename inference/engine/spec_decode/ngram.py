@@ -16,7 +16,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 if TYPE_CHECKING:
-    from inference.engine.core.request import Request
+    from inference.engine.request import Request
 
 
 class NgramProposer:

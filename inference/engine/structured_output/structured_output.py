@@ -23,14 +23,15 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
-from inference.engine.core.request_errors import RequestError
+from inference.engine.config import StructuredOutputConfig
 from inference.engine.loading.tokenizer import Tokenizer
+from inference.engine.request_errors import RequestError
 from inference.engine.structured_output.grammar_compiler import (
     GrammarCache,
     compile_in_thread,
     shared_pools,
 )
-from inference.engine.structured_output.schema_limits import SchemaLimits, check_schema
+from inference.engine.structured_output.schema_limits import check_schema
 
 _VOCAB_TYPES = {
     "byte_level": xgr.VocabType.BYTE_LEVEL,
@@ -111,19 +112,17 @@ class StructuredOutputManager:
         self,
         tokenizer: Tokenizer | None,  # None: a model without one; no grammar can be compiled
         model_vocab_size: int,
-        *,
-        limits: SchemaLimits | None = None,
-        compile_timeout_s: float = 20.0,
-        max_compile_workers: int = 0,
-        cache_bytes: int = 256 << 20,
+        config: StructuredOutputConfig | None = None,
     ) -> None:
+        config = config or StructuredOutputConfig()
         self.vocab_size = model_vocab_size
-        self.limits = limits or SchemaLimits()
-        self.compile_timeout_s = compile_timeout_s
+        self.limits = config.schema_limits
+        self.compile_timeout_s = config.grammar_compile_timeout_s
+        max_compile_workers = config.grammar_compile_workers
         self._pool = None
         self._compiler = None
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
-        self.cache = GrammarCache(self._compile, cache_bytes)
+        self.cache = GrammarCache(self._compile, config.grammar_cache_bytes)
         # compile_async's compiles: one thread per compile worker, each waiting on its worker.
         self._compile_threads = ThreadPoolExecutor(
             max(1, max_compile_workers), thread_name_prefix="grammar-compile"
@@ -139,7 +138,7 @@ class StructuredOutputManager:
         )
         if max_compile_workers > 0:
             self._pool = shared_pools.acquire(
-                self._info.serialize_json().encode(), max_compile_workers, compile_timeout_s
+                self._info.serialize_json().encode(), max_compile_workers, self.compile_timeout_s
             )
         else:
             self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)

@@ -1,8 +1,8 @@
 """Prefix caching on tiny configs: exact block ids, hit counts, ref counts, eviction order."""
 
-from inference.engine.core.request import Request
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request
+from inference.engine.sampling_params import SamplingParams
 
 BLOCK = 4
 

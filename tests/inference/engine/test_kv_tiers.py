@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.core.request import Request
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import extra_keys, hash_request_blocks
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.tiers.block_file import FORMAT_VERSION, decode_block, encode_block
+from inference.engine.request import Request
 from tests.inference.engine.helpers import ROUNDING, random_tokens, smollm2_tokens
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,9 +6,9 @@ import uuid
 import pytest
 
 from inference.engine import SamplingParams
-from inference.engine.core.request import Request
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.prefix_reuse import PrefixReuse
+from inference.engine.request import Request
 
 
 def buckets(reuse: PrefixReuse) -> tuple[int, int, int, int, int]:

@@ -1,11 +1,11 @@
 """Scheduler on tiny configs: token budget, chunked prefill, continuous batching, preemption."""
 
-from inference.engine.core.request import Request, RequestStatus
-from inference.engine.core.request_errors import RequestError
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.scheduler import Scheduler
-from inference.engine.core.scheduler_output import SchedulerOutput
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import RequestError
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.scheduler_output import SchedulerOutput
 
 BLOCK = 4
 

@@ -3,10 +3,10 @@ FCFS within a class; worse classes give up seats and blocks first."""
 
 import pytest
 
-from inference.engine.core.request import Request
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request
+from inference.engine.sampling_params import SamplingParams
 from tests.inference.engine.test_scheduler import BLOCK, plan, run_step
 
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.core.request import Request
 from inference.engine.kv.shared_prefill import find_followers
+from inference.engine.request import Request
 
 HEAD, TAIL, N = 1500, 60, 8
 

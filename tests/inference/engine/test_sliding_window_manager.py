@@ -1,8 +1,8 @@
 """Two KV groups on tiny configs: window release, checkpoints, reuse points, exact block ids."""
 
-from inference.engine.core.request import Request
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request
+from inference.engine.sampling_params import SamplingParams
 
 BLOCK = 4
 

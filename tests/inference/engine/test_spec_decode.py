@@ -10,10 +10,10 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, SamplingParams
-from inference.engine.core.request import Request, RequestStatus
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import hash_request_blocks
 from inference.engine.kv.kv_cache_manager import KVCacheManager
+from inference.engine.request import Request, RequestStatus
 from inference.engine.spec_decode.ngram import NgramProposer
 from tests.inference.engine.helpers import random_tokens, smollm2_tokens
 

@@ -23,10 +23,10 @@ import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.config import ParallelConfig
-from inference.engine.core.request_errors import RequestError
 from inference.engine.distributed.communicator import free_port
 from inference.engine.distributed.parallel_layers import balanced_range
 from inference.engine.distributed.sharding import HeadShard, head_shard
+from inference.engine.request_errors import RequestError
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 TP2 = dict(tensor_parallel_size=2, distributed_timeout_s=60.0)

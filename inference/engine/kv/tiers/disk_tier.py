@@ -34,7 +34,6 @@ import time
 
 import torch
 
-from inference.engine.core.metrics import KVTierStats
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.tiers import safe_files
 from inference.engine.kv.tiers.block_file import (
@@ -47,6 +46,7 @@ from inference.engine.kv.tiers.block_file import (
     is_finite,
     key_id,
 )
+from inference.engine.metrics import KVTierStats
 
 logger = logging.getLogger(__name__)
 

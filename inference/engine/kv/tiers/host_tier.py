@@ -10,8 +10,8 @@ from collections import OrderedDict
 
 import torch
 
-from inference.engine.core.metrics import KVTierStats
 from inference.engine.kv.hashing import BlockHash
+from inference.engine.metrics import KVTierStats
 
 HostKey = tuple[str, BlockHash]  # (group, chain hash)
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.engine.core.request import Request
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
+from inference.engine.request import Request
 
 logger = logging.getLogger(__name__)
 

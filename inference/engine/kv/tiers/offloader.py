@@ -38,9 +38,6 @@ from collections.abc import Iterable
 
 import torch
 
-from inference.engine.core.metrics import KVTierStats
-from inference.engine.core.request import Request
-from inference.engine.core.scheduler_output import SchedulerOutput
 from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManager
@@ -50,6 +47,9 @@ from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
 from inference.engine.kv.tiers.loader import LoadJob, TierLoader
 from inference.engine.kv.tiers.writer import TierWriter, WriteJob
+from inference.engine.metrics import KVTierStats
+from inference.engine.request import Request
+from inference.engine.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

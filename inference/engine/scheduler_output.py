@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.engine.core.request import Request
-from inference.engine.core.request_errors import RequestError
 from inference.engine.kv.partial_blocks import BlockCopy
+from inference.engine.request import Request
+from inference.engine.request_errors import RequestError
 
 # A step's result for one request: its sampled token; with a draft, the model's greedy token at
 # each of the draft's positions and the one after (spec_decode); or what failed it.

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inference.engine.core.metrics import RequestMetrics
-from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.kv.hashing import BlockHash
 from inference.engine.kv.prefix_reuse import PrefixReuse
+from inference.engine.metrics import RequestMetrics
+from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from inference.engine.structured_output.structured_output import GrammarState
