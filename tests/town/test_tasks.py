@@ -34,9 +34,10 @@ def _run_ticks(run: Run, num_ticks: int) -> list[Tick]:
 
 @pytest.mark.real_model
 def test_two_ticks_of_the_demo_town_on_the_real_model(celery_worker_process):
-    worker = celery_worker_process(env={"POKOMACHI_MODEL": "smollm2-135m-instruct"})
+    # All ten of a tick's decisions in flight at once: one batch per tick, not three waves.
+    worker = celery_worker_process(env={"POKOMACHI_MODEL": "smollm2-135m-instruct"}, concurrency=10)
     town = demo_town_create(seed=0)
-    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=2)
+    run = services.run_create(town=town, nodes=[worker.queue], ticks_target=2, concurrency=10)
     run = services.run_start(run=run)
     ticks = _run_ticks(run, 2)
     assert [t.status for t in ticks] == [Tick.Status.DONE] * 2
