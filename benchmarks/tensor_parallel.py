@@ -1,4 +1,4 @@
-"""`python -m inference.engine.bench.tensor_parallel`: what splitting a model over ranks costs.
+"""`python -m benchmarks tensor-parallel`: what splitting a model over ranks costs.
 
 Runs the same greedy requests (random prompt tokens, no prefix caching) on the single-process
 engine and on a tensor-parallel one (ranks spawned on this machine), timing every step and, on
@@ -179,10 +179,7 @@ def format_rows(rows: list[KindSummary]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m inference.engine.bench.tensor_parallel", description=__doc__
-    )
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--tp", type=int, default=2, help="ranks of the parallel engine")
     parser.add_argument("--prompt-tokens", type=int, default=512)
@@ -196,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated sizes: also time a bare all-reduce of each between two processes",
     )
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     prompts = [
         [rng.randrange(1000, 40000) for _ in range(args.prompt_tokens)] for _ in range(args.batch)
@@ -217,7 +216,3 @@ def main(argv: list[str] | None = None) -> int:
     for size, seconds in bare.items():
         print(f"bare all-reduce of {size} bytes between two processes: {1000 * seconds:.3f} ms")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """How far the quantized weight formats (and a bfloat16 KV cache) stray from fp32 on the
 town's prompts, and how fast.
 
-`python -m inference.engine.bench.weights_agreement` runs the town-shaped workload (JSON
+`python -m benchmarks weights-agreement` runs the town-shaped workload (JSON
 schema on, greedy) once per format on a fresh engine and compares every format with fp32. A
 format is a weight format, optionally with a KV cache dtype after a slash: `int4/bfloat16`
 runs int4 weights over a bfloat16 KV cache (`--formats fp32,int4,int4/bfloat16`).
@@ -24,16 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.lib.workload import DECISION_MAX_TOKENS, build_workload, is_valid_decision
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
-from inference.engine.bench.workload import DECISION_MAX_TOKENS, build_workload, is_valid_decision
 from inference.engine.models import load_tokenizer
 
 
@@ -146,18 +145,19 @@ def compare(reference: FormatRun, other: FormatRun, schema) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference.engine.bench.weights_agreement")
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--formats", default="fp32,int8,int4")
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", default=None)
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     formats = [f.strip() for f in args.formats.split(",")]
     if formats[0] != "fp32":
-        parser.error("--formats must start with fp32 (the reference)")
+        raise ValueError("--formats must start with fp32 (the reference)")
     load = os.getloadavg()[0]
     tokenizer = load_tokenizer(args.model)
     workload = build_workload(tokenizer, num_requests=args.requests, seed=args.seed)
@@ -185,7 +185,3 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump({"header": header, "rows": rows}, f, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

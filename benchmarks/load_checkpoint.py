@@ -1,7 +1,7 @@
 """Load time and memory of a DeepSeek-V4 checkpoint (docs/PERFORMANCE.md, issue 31's section).
 
-    python -m inference.engine.bench.load_checkpoint --write DIR     # the mid-size checkpoint
-    python -m inference.engine.bench.load_checkpoint DIR [--rank R --world-size N]
+    python -m benchmarks load-checkpoint --write DIR     # the mid-size checkpoint
+    python -m benchmarks load-checkpoint DIR [--rank R --world-size N]
 
 The second form loads DIR with `load_model` in this (fresh) process and prints one JSON line:
 the packed bytes on disk, seconds to load, resident memory before and after (VmRSS) and its
@@ -83,14 +83,15 @@ def measure(path: Path, rank: int | None = None, world_size: int | None = None) 
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path)
     parser.add_argument("--write", action="store_true", help="write the mid-size checkpoint")
     parser.add_argument("--tokenizer", action="store_true", help="with the tiny tokenizer")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--world-size", type=int)
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.write:
         from inference.engine.models.deepseek_v4.packed_checkpoint import write_packed_checkpoint
 
@@ -106,5 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run as a file, beside an older tree's loader (see above)
+    _parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_cli_args(_parser)
+    sys.exit(main(_parser.parse_args()))

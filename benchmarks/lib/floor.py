@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.lib.results import RunResult
 from inference.engine.attention.decode_windows import SPLITS
-from inference.engine.bench.results import RunResult
 from inference.engine.runner.model_runner import kv_groups_of
 
 CHUNK = 1024

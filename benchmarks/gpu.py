@@ -1,4 +1,4 @@
-"""The GPU benchmark: `python -m inference.engine.bench.gpu [--quick]` on a machine with CUDA.
+"""The GPU benchmark: `python -m benchmarks gpu [--quick]` on a machine with CUDA.
 
 1. Kernels at real sizes: each checked against its torch reference (bf16 tolerances), then
    timed with triton's do_bench (median), beside the bytes it must move and the bandwidth
@@ -29,25 +29,22 @@ TARGET_DECODE_SHARE = 0.60  # decode attention at 64 × 4k, of the copy bandwidt
 TARGET_CPU_RATIO = 10.0  # engine decode at 16 in flight, GPU over CPU
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m inference.engine.bench.gpu",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer requests")
     parser.add_argument("--skip-engine", action="store_true", help="kernels only")
     parser.add_argument("--skip-cpu", action="store_true", help="no CPU decode baseline")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print(
-            "inference/engine/bench/gpu.py needs a CUDA GPU and this machine has none "
+            "benchmarks/gpu.py needs a CUDA GPU and this machine has none "
             "(torch.cuda.is_available() is False). Run it on a GPU node; "
-            "the CPU benchmark is `python -m inference.engine.bench`.",
+            "the CPU benchmark is `python -m benchmarks town`.",
             file=sys.stderr,
         )
         return 2
-    from inference.engine.bench.gpu_kernels import copy_bandwidth_gb_per_s, run_kernel_benchmarks
+    from benchmarks.lib.gpu_kernels import copy_bandwidth_gb_per_s, run_kernel_benchmarks
 
     started = time.monotonic()
     device = torch.device("cuda")
@@ -58,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_kernel_table(kernels, copy_gbs))
     engines = []
     if not args.skip_engine:
-        from inference.engine.bench.gpu_engine import run_engine_benchmarks
+        from benchmarks.lib.gpu_engine import run_engine_benchmarks
 
         for model in MODELS:
             if model not in known_model_names():
@@ -130,6 +127,3 @@ def _engine_table(r) -> str:
     lines += [f"\nnote: {note}" for note in r.notes]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Decode alone: `concurrency` requests decoding together with no prompt chunk in their steps.
+"""`python -m benchmarks steady-decode`, and what the town mode measures after each cached run:
+decode alone, `concurrency` requests decoding together with no prompt chunk in their steps.
 
 A workload run's "decode per token" counts the steps each request decoded in, and most of
 those also carried another request's prompt chunk (four in flight over eight requests: a new
@@ -11,10 +12,13 @@ prompt alone, the same way: decode at one in flight.
 
 from __future__ import annotations
 
+import argparse
+import os
+import tempfile
 from dataclasses import dataclass
 
-from inference.engine import LLMEngine, SamplingParams
-from inference.engine.bench.workload import Workload
+from benchmarks.lib.workload import Workload, build_workload, chat_tokenizer_for
+from inference.engine import EngineConfig, LLMEngine, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +44,7 @@ def _per_token(outputs) -> float:
     return decode / steps
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m inference.engine.bench.steady_decode`: decode alone on a fresh engine, the
-    town workload's first prompts cached first (one token each), then asked for --tokens."""
-    import argparse
-    import os
-    import tempfile
-
-    from inference.engine import EngineConfig
-    from inference.engine.bench.workload import build_workload, chat_tokenizer_for
-
-    parser = argparse.ArgumentParser(prog="python -m inference.engine.bench.steady_decode")
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--weights", default="fp32")
     parser.add_argument("--kv-cache-dtype", default="auto")
@@ -58,9 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens each request decodes")
     parser.add_argument("--ticks", type=int, choices=(1, 2), default=2)
     parser.add_argument("--disk-tier", action="store_true", help="a disk KV tier (a temp dir)")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Decode alone on a fresh engine, the town workload's first prompts cached first (one
+    token each), then asked for --tokens."""
     if args.concurrency < 1 or args.tokens < 2:
-        parser.error("--concurrency must be ≥ 1 and --tokens ≥ 2")
+        raise ValueError("--concurrency must be ≥ 1 and --tokens ≥ 2")
     with tempfile.TemporaryDirectory() as directory:
         engine = LLMEngine(
             EngineConfig(
@@ -86,7 +84,3 @@ def main(argv: list[str] | None = None) -> int:
         f"{steady.single_s_per_token * 1e3:.1f} ms at 1"
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,1 +1,0 @@
-"""The town-shaped benchmark (`python -m inference.engine.bench`): workload, runs, report."""
