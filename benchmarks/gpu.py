@@ -126,4 +126,3 @@ def _engine_table(r) -> str:
                      f"×{ratio:.1f} ({verdict}) |")  # fmt: skip
     lines += [f"\nnote: {note}" for note in r.notes]
     return "\n".join(lines)
-

@@ -1,0 +1,8 @@
+"""The old name of `python -m benchmarks tensor-parallel`, for one release (see __init__)."""
+
+import sys
+
+from inference.engine.bench import run_benchmarks
+
+if __name__ == "__main__":
+    run_benchmarks("inference.engine.bench.tensor_parallel", ["tensor-parallel", *sys.argv[1:]])
