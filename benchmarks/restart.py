@@ -2,7 +2,7 @@
 and a fresh one answers tick 2: its hit rate and median end-to-end, with the disk KV tier and
 without, beside an engine that never stopped.
 
-The workload is the town-shaped one (workload.py): every resident's prompt is the shared head
+The workload is the town-shaped one (lib/workload.py): every resident's prompt is the shared head
 plus its own part. Tick 2 asks each resident again with its history grown by one memory, so an
 engine that kept tick 1's blocks reuses the shared head and the resident's own part. Each
 tick's requests are submitted together, as a tick's fan-out is. Three runs, fresh engines:

@@ -31,7 +31,13 @@ from benchmarks.lib.cli import (
     town_meta,
 )
 from benchmarks.lib.engine_run import ENGINE_RUNS, EngineRunSpec, run_engine
-from benchmarks.lib.floor import Floor, format_floor, measure_floor
+from benchmarks.lib.floor import (
+    Floor,
+    floor_json,
+    format_decode_floor,
+    format_floor,
+    measure_floor,
+)
 from benchmarks.lib.output import progress
 from benchmarks.lib.own_thread import in_own_thread
 from benchmarks.lib.report import format_table, summarize, to_json
@@ -130,36 +136,11 @@ def main(args: argparse.Namespace) -> int:
     )
     floor_lines = format_floor(floor, {n: s.requests_per_min for n, s in summaries.items()})
     if floor is not None and "cached" in summaries:
-        per_token = summaries["cached"].decode_s_per_token
-        floor_lines.append(
-            f"decode step floor at {args.concurrency} in flight ({args.weights} weights read "
-            f"once {floor.decode_weights_s * 1e3:.1f} ms, {args.kv_cache_dtype} keys once "
-            f"{floor.decode_keys_s * 1e3:.1f} ms): {floor.decode_step_s * 1e3:.1f} ms; engine "
-            f"decode per token {per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× "
-            "the floor"
+        floor_lines += format_decode_floor(
+            floor, summaries, args.concurrency, args.weights, args.kv_cache_dtype
         )
-        llamacpp = summaries.get(baseline_llamacpp.NAME)
-        if llamacpp is not None and llamacpp.decode_s_per_token:
-            floor_lines.append(_decode_target_line(floor, llamacpp.decode_s_per_token))
-        alone = summaries["cached"].steady_decode_s_per_token
-        if alone:
-            floor_lines.append(
-                f"engine decode alone at {args.concurrency} in flight {alone * 1e3:.1f} ms = "
-                f"{alone / floor.decode_step_s:.2f}× the floor"
-            )
     if floor is not None:
-        meta["compute_floor"] = {
-            "total_s": floor.total_s,
-            "requests_per_min": floor.requests_per_min,
-            "prefill_linear_s": floor.prefill_linear_s,
-            "prefill_attention_s": floor.prefill_attention_s,
-            "decode_s": floor.decode_s,
-            "uncached_prefill_s": floor.uncached_prefill_s,
-            "decode_step_s": floor.decode_step_s,
-            "decode_weights_s": floor.decode_weights_s,
-            "decode_keys_s": floor.decode_keys_s,
-            "prefill_cached_over_uncached": floor.prefill_s / floor.uncached_prefill_s,
-        }
+        meta["compute_floor"] = floor_json(floor)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             f.write(to_json(meta, runs, summaries, args.ticks, args.concurrency) + "\n")
@@ -171,23 +152,6 @@ def main(args: argparse.Namespace) -> int:
         if "cached" in summaries:
             print("\n".join(floor_lines))
     return 0
-
-
-def _decode_target_line(floor: Floor, llamacpp_s_per_token: float) -> str:
-    """What the per-request decode target (≥ 0.5× llama.cpp's single stream, a token per step
-    for each sequence) allows a step, against the floor of torch's own kernels."""
-    allowed = 2 * llamacpp_s_per_token
-    left = allowed - floor.decode_step_s
-    head = (
-        f"decode target (each request ≥ 0.5× llama.cpp's {llamacpp_s_per_token * 1e3:.1f} ms a "
-        f"token) allows a step of {allowed * 1e3:.1f} ms: "
-    )
-    if left >= 0:
-        return head + f"the floor leaves {left * 1e3:.1f} ms ({left / allowed:.0%}) for the rest"
-    return head + (
-        f"the floor is {-left * 1e3:.1f} ms ({-left / allowed:.0%}) over it, so no engine on "
-        "these kernels meets it on this machine"
-    )
 
 
 def _run_all(args: argparse.Namespace) -> tuple[list[RunResult], Workload, Floor | None]:

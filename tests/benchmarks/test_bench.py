@@ -12,7 +12,7 @@ import pytest
 from benchmarks import town
 from benchmarks.__main__ import main
 from benchmarks.lib.baseline_transformers import run_transformers
-from benchmarks.lib.floor import Floor, workload_counts
+from benchmarks.lib.floor import Floor, decode_target_line, workload_counts
 from benchmarks.lib.report import format_table, ratios, summarize, to_json
 from benchmarks.lib.results import RequestRecord, RunResult
 from benchmarks.lib.workload import (
@@ -24,7 +24,6 @@ from benchmarks.lib.workload import (
     decision_schema,
     is_valid_decision,
 )
-from benchmarks.town import _decode_target_line
 
 SMALL = dict(num_requests=3, head_tokens=500, prompt_token_range=(620, 800))
 
@@ -391,10 +390,10 @@ def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None
 
 def test_decode_target_line_says_what_the_floor_leaves_a_step() -> None:
     floor = Floor(1.0, 1.0, 1.0, 8, decode_weights_s=0.0153, decode_keys_s=0.0116)
-    line = _decode_target_line(floor, 0.0140)
+    line = decode_target_line(floor, 0.0140)
     assert "llama.cpp's 14.0 ms a token" in line
     assert "allows a step of 28.0 ms: the floor leaves 1.1 ms (4%) for the rest" in line
-    short = _decode_target_line(floor, 0.0120)  # a floor above what the target allows
+    short = decode_target_line(floor, 0.0120)  # a floor above what the target allows
     assert "allows a step of 24.0 ms: the floor is 2.9 ms (12%) over it" in short
 
 
