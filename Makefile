@@ -35,7 +35,7 @@ lint: setup
 	$(VENV)/bin/ruff format .
 
 bench: setup
-	$(PY) -m inference.engine.bench
+	$(PY) -m benchmarks town
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

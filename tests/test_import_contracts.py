@@ -1,7 +1,9 @@
 """The two pure cores, the engine (inference/engine/) and the town's rules (town/rules/), import
-nothing of the Django side: the import-linter contracts in pyproject.toml, checked here, and a
-plain walk over their files for what the contracts cannot see (an import inside a function is
-seen by both; an import of a sibling package added later is caught by the walk)."""
+nothing of the Django side, and nothing of the product imports the benchmarks beside it
+(benchmarks/ imports the engine, never the reverse): the import-linter contracts in
+pyproject.toml, checked here, and a plain walk over their files for what the contracts cannot
+see (an import inside a function is seen by both; an import of a sibling package added later is
+caught by the walk)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,11 @@ def test_the_engine_imports_only_itself_and_libraries():
 def test_the_town_rules_import_only_themselves_and_the_standard_library():
     rules_dir = Path(town.rules.__file__).parent
     assert offenders(rules_dir, "town.rules", DJANGO_SIDE | {"inference"}) == {}
+
+
+def test_nothing_of_the_product_imports_the_benchmarks():
+    for package in ("inference", "town", "pokosite"):
+        assert offenders(ROOT / package, package, {"benchmarks"}) == {}, package
 
 
 def test_the_engine_never_reads_the_environment():

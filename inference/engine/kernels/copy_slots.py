@@ -9,7 +9,7 @@ triton kernel (one launch; program (pair, cache) copies one n_kv_heads × head_d
 batched torch ops (index_select, then index_copy_: two launches and a temporary). Both move the
 same bytes once; at CoW sizes (≤ block_size slots × 2 × num_layers rows) each costs a few
 microseconds of launches, and the kernel saves one launch and the temporary's round trip.
-`inference/engine/bench/gpu.py` times both; the engine uses the kernel on CUDA.
+`benchmarks/gpu.py` times both; the engine uses the kernel on CUDA.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from inference.engine.kernels._common import (
     next_pow2,
     upcast_dot,
 )
+from inference.engine.kernels.flash_tile import load_kv_tile, online_softmax_update
 from inference.engine.kernels.reference import paged_attention_reference
 
 LOG2E = 1.4426950408889634
@@ -76,24 +77,13 @@ def _decode_kernel(
     for tile in range(part_start, part_end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         pos_mask = pos < part_end
-        table = block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE - first
-        slot = tl.load(table, mask=pos_mask).to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-        kv_mask = pos_mask[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, pos, pos_mask, d,
+            stride_cs, stride_ch, stride_bt, HEAD_DIM, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
         s = tl.where(pos_mask[None, :], s, float("-inf"))
-        # Every tile holds at least one visible key, so m_new is finite from the first tile on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, PRECISION)
     acc = acc / l_i[:, None]
     if SPLIT:
         index = (seq * NUM_HEADS + head) * num_parts + part  # into (B, H, num_parts)

@@ -28,6 +28,7 @@ from inference.engine.kernels.decode_attention import (
     check_attention_inputs,
     check_per_sequence,
 )
+from inference.engine.kernels.flash_tile import load_kv_tile, online_softmax_update
 from inference.engine.kernels.reference import paged_attention_reference
 
 BLOCK_M = 64  # query rows (tokens × group heads) per tile
@@ -76,27 +77,15 @@ def _prefill_kernel(
     for tile in range(key_start, key_end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         pos_mask = pos < key_end
-        table = block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE - first
-        slot = tl.load(table, mask=pos_mask).to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
-        kv_mask = pos_mask[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, pos, pos_mask, d,
+            stride_cs, stride_ch, stride_bt, HEAD_DIM, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N)
         visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-        # A row may see no key in a tile (causal or window): keep its max finite for exp2.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, PRECISION)
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows only: every query sees itself
     out_offsets = (query_start + token)[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(out_ptr + out_offsets + d[None, :], acc / l_i[:, None], mask=row_mask)

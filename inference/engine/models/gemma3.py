@@ -20,7 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention.attention_backend import AttentionMetadata
-from inference.engine.models.llama import LlamaMLP, apply_rope
+from inference.engine.models.llama import (
+    LlamaMLP,
+    apply_rope,
+    hf_names_from_gguf,
+    load_layer_linears,
+    take_weight,
+)
 
 LAYER_TYPES = ("full", "sliding")
 # llama.cpp and transformers both fix the pattern at 5 sliding layers to 1 global for Gemma 3
@@ -236,15 +242,11 @@ class Gemma3ForCausalLM(nn.Module):
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF-named weights (norms as w, applied as 1 + w), fusing q/k/v and gate/up."""
 
-        def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise ValueError(f"checkpoint is missing tensor {name!r}")
-            return weights[name]
-
         def norm(name: str) -> torch.Tensor:
-            return 1.0 + take(name).float()  # the same fp32 sum transformers computes
+            # The same fp32 sum transformers computes.
+            return 1.0 + take_weight(weights, name).float()
 
-        embed = take("model.embed_tokens.weight")
+        embed = take_weight(weights, "model.embed_tokens.weight")
         head = weights.get("lm_head.weight")
         if head is not None and not torch.equal(head, embed):
             raise ValueError(
@@ -256,18 +258,9 @@ class Gemma3ForCausalLM(nn.Module):
             p = f"model.layers.{i}."
             for name in _LAYER_NORMS:
                 getattr(layer, name).copy_(norm(p + name + ".weight"))
-            attn = p + "self_attn."
-            layer.self_attn.q_norm.copy_(norm(attn + "q_norm.weight"))
-            layer.self_attn.k_norm.copy_(norm(attn + "k_norm.weight"))
-            layer.self_attn.qkv_proj.weight.copy_(
-                torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"], dim=0)
-            )
-            layer.self_attn.o_proj.weight.copy_(take(attn + "o_proj.weight"))
-            mlp = p + "mlp."
-            layer.mlp.gate_up_proj.weight.copy_(
-                torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")], dim=0)
-            )
-            layer.mlp.down_proj.weight.copy_(take(mlp + "down_proj.weight"))
+            layer.self_attn.q_norm.copy_(norm(p + "self_attn.q_norm.weight"))
+            layer.self_attn.k_norm.copy_(norm(p + "self_attn.k_norm.weight"))
+            load_layer_linears(layer, weights, p)
 
 
 _GGUF_LAYER_NAMES = {
@@ -294,17 +287,4 @@ def gguf_names_to_hf(
         # llama.cpp's converter stores every Gemma norm as 1 + w; HF naming means w.
         return tensor - 1 if name.endswith("norm.weight") else tensor
 
-    hf: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": tensors["token_embd.weight"],
-        "model.norm.weight": unfold("norm.weight", tensors["output_norm.weight"]),
-    }
-    if "output.weight" in tensors:
-        hf["lm_head.weight"] = tensors["output.weight"]
-    for name, tensor in tensors.items():
-        if not name.startswith("blk."):
-            continue
-        _, index, rest = name.split(".", 2)
-        if rest in _GGUF_LAYER_NAMES:
-            hf_name = f"model.layers.{index}.{_GGUF_LAYER_NAMES[rest]}"
-            hf[hf_name] = unfold(hf_name, tensor)
-    return hf
+    return hf_names_from_gguf(tensors, _GGUF_LAYER_NAMES, unfold)

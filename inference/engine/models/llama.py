@@ -207,30 +207,36 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF-named weights, fusing q/k/v and gate/up into single matmuls."""
-
-        def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise ValueError(f"checkpoint is missing tensor {name!r}")
-            return weights[name]
-
-        self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
-        self.norm.copy_(take("model.norm.weight"))
+        self.embed_tokens.weight.copy_(take_weight(weights, "model.embed_tokens.weight"))
+        self.norm.copy_(take_weight(weights, "model.norm.weight"))
         head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
         self.lm_head.weight.copy_(head)
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
-            layer.input_layernorm.copy_(take(p + "input_layernorm.weight"))
-            layer.post_attention_layernorm.copy_(take(p + "post_attention_layernorm.weight"))
-            attn = p + "self_attn."
-            layer.self_attn.qkv_proj.weight.copy_(
-                torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"], dim=0)
+            layer.input_layernorm.copy_(take_weight(weights, p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.copy_(
+                take_weight(weights, p + "post_attention_layernorm.weight")
             )
-            layer.self_attn.o_proj.weight.copy_(take(attn + "o_proj.weight"))
-            mlp = p + "mlp."
-            layer.mlp.gate_up_proj.weight.copy_(
-                torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")], dim=0)
-            )
-            layer.mlp.down_proj.weight.copy_(take(mlp + "down_proj.weight"))
+            load_layer_linears(layer, weights, p)
+
+
+def take_weight(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in weights:
+        raise ValueError(f"checkpoint is missing tensor {name!r}")
+    return weights[name]
+
+
+def load_layer_linears(layer: nn.Module, weights: dict[str, torch.Tensor], prefix: str) -> None:
+    """A decoder layer's attention and MLP matmuls from HF names under `prefix`
+    (model.layers.N.), q/k/v fused into qkv_proj and gate/up into gate_up_proj (llama, Gemma 3)."""
+    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    layer.self_attn.qkv_proj.weight.copy_(
+        torch.cat([take_weight(weights, attn + f"{n}_proj.weight") for n in "qkv"], dim=0)
+    )
+    layer.self_attn.o_proj.weight.copy_(take_weight(weights, attn + "o_proj.weight"))
+    gate_up = [take_weight(weights, mlp + f"{n}_proj.weight") for n in ("gate", "up")]
+    layer.mlp.gate_up_proj.weight.copy_(torch.cat(gate_up, dim=0))
+    layer.mlp.down_proj.weight.copy_(take_weight(weights, mlp + "down_proj.weight"))
 
 
 def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -255,9 +261,28 @@ _GGUF_LAYER_NAMES = {
 
 
 def gguf_names_to_hf(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    def convert(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name.endswith("self_attn.q_proj.weight"):
+            return _unpermute_rope_rows(tensor, cfg.num_heads)
+        if name.endswith("self_attn.k_proj.weight"):
+            return _unpermute_rope_rows(tensor, cfg.num_kv_heads)
+        return tensor
+
+    return hf_names_from_gguf(tensors, _GGUF_LAYER_NAMES, convert)
+
+
+def hf_names_from_gguf(
+    tensors: dict[str, torch.Tensor],
+    layer_names: dict[str, str],
+    convert: Callable[[str, torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """A GGUF file's tensors under HF names (llama, Gemma 3): the embedding, final norm and
+    lm_head when present, and each block's tensors named in `layer_names` (GGUF name within a
+    block → HF name within a layer); `convert(hf_name, tensor)` undoes what the file's
+    converter changed. Other tensors (rope tables, ...) are left out."""
     hf: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": tensors["token_embd.weight"],
-        "model.norm.weight": tensors["output_norm.weight"],
+        "model.norm.weight": convert("model.norm.weight", tensors["output_norm.weight"]),
     }
     if "output.weight" in tensors:
         hf["lm_head.weight"] = tensors["output.weight"]
@@ -265,11 +290,7 @@ def gguf_names_to_hf(tensors: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict
         if not name.startswith("blk."):
             continue
         _, index, rest = name.split(".", 2)
-        if rest not in _GGUF_LAYER_NAMES:
-            continue
-        if rest == "attn_q.weight":
-            tensor = _unpermute_rope_rows(tensor, cfg.num_heads)
-        elif rest == "attn_k.weight":
-            tensor = _unpermute_rope_rows(tensor, cfg.num_kv_heads)
-        hf[f"model.layers.{index}.{_GGUF_LAYER_NAMES[rest]}"] = tensor
+        if rest in layer_names:
+            hf_name = f"model.layers.{index}.{layer_names[rest]}"
+            hf[hf_name] = convert(hf_name, tensor)
     return hf

@@ -5,7 +5,7 @@
 - `smollm2_metadata`: that file's metadata as plain Python values, read once per session
   (reading the 49,152-entry vocabulary takes a few seconds).
 - `mid_v4_checkpoint`: a mid-size DeepSeek-V4 checkpoint in DeepSeek's layout (FP8 linears,
-  FP4 experts, 64 MB shards, no tokenizer; bench.load_checkpoint.mid_config: 0.43 GB packed,
+  FP4 experts, 64 MB shards, no tokenizer; benchmarks.load_checkpoint.mid_config: 0.43 GB packed,
   3.4 GB as fp32), written once per session (seconds) into a temporary directory.
 """
 
@@ -27,7 +27,7 @@ def smollm2_gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def mid_v4_checkpoint(tmp_path_factory) -> Path:
-    from inference.engine.bench.load_checkpoint import mid_config
+    from benchmarks.load_checkpoint import mid_config
     from inference.engine.models.deepseek_v4.packed_checkpoint import write_packed_checkpoint
 
     path = tmp_path_factory.mktemp("mid-v4")

@@ -236,7 +236,7 @@ def test_a_mid_size_checkpoint_loads_within_2x_its_packed_bytes(mid_v4_checkpoin
     """0.43 GB packed (3.4 GB as fp32), loaded in a fresh process: resident memory grows by at
     most 2x the packed bytes on disk, and its peak by at most 3x."""
     result = subprocess.run(
-        [sys.executable, "-m", "inference.engine.bench.load_checkpoint", str(mid_v4_checkpoint)],
+        [sys.executable, "-m", "benchmarks", "load-checkpoint", str(mid_v4_checkpoint)],
         capture_output=True,
         text=True,
         check=True,

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.weights_agreement import forced_logits
 from inference.engine import EngineConfig, SamplingParams
-from inference.engine.bench.weights_agreement import forced_logits
 from inference.engine.models.quantized_linear import (
     MAX_KERNEL_ROWS,
     QuantizedLinear,

@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from inference.engine.bench.results import RunResult
-from inference.engine.bench.workload import is_valid_decision
+from benchmarks.lib.results import RunResult
+from benchmarks.lib.workload import is_valid_decision
 
 
 @dataclass(frozen=True, slots=True)

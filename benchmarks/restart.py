@@ -1,8 +1,8 @@
-"""`--restart`: the town's restart story. A worker answers tick 1, is stopped, and a fresh one
-answers tick 2: its hit rate and median end-to-end, with the disk KV tier and without, beside an
-engine that never stopped.
+"""`python -m benchmarks restart`: the town's restart story. A worker answers tick 1, is stopped,
+and a fresh one answers tick 2: its hit rate and median end-to-end, with the disk KV tier and
+without, beside an engine that never stopped.
 
-The workload is the town-shaped one (workload.py): every resident's prompt is the shared head
+The workload is the town-shaped one (lib/workload.py): every resident's prompt is the shared head
 plus its own part. Tick 2 asks each resident again with its history grown by one memory, so an
 engine that kept tick 1's blocks reuses the shared head and the resident's own part. Each
 tick's requests are submitted together, as a tick's fan-out is. Three runs, fresh engines:
@@ -20,9 +20,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchmarks.lib.cli import add_arguments, run_meta
+from benchmarks.lib.output import emit, progress
+from benchmarks.lib.workload import build_workload, chat_tokenizer_for
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.bench.output import emit, progress
-from inference.engine.bench.workload import build_workload, chat_tokenizer_for
 
 NEW_MEMORY = "- An hour passed; nothing else changed since the last decision.\n"
 
@@ -122,12 +123,27 @@ def format_restart(results: list[TickResult]) -> str:
     return "\n".join(lines)
 
 
-def restart_main(args: argparse.Namespace, meta: dict) -> int:
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_arguments(
+        parser,
+        "model",
+        "requests",
+        "head_tokens",
+        "prompt_tokens",
+        "max_tokens",
+        "seed",
+        "json",
+        "json_out",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    meta = run_meta(args)
     results = run_restart(
         args.model,
         num_residents=args.requests,
         head_tokens=args.head_tokens,
-        prompt_token_range=args.prompt_token_range,
+        prompt_token_range=args.prompt_tokens,
         max_tokens=args.max_tokens,
         seed=args.seed,
         progress=progress,

@@ -9,13 +9,13 @@ import threading
 
 import pytest
 
-from inference.engine.bench import __main__ as bench_main
-from inference.engine.bench.__main__ import _decode_target_line, main
-from inference.engine.bench.baseline_transformers import run_transformers
-from inference.engine.bench.floor import Floor, workload_counts
-from inference.engine.bench.report import format_table, ratios, summarize, to_json
-from inference.engine.bench.results import RequestRecord, RunResult
-from inference.engine.bench.workload import (
+from benchmarks import town
+from benchmarks.__main__ import main
+from benchmarks.lib.baseline_transformers import run_transformers
+from benchmarks.lib.floor import Floor, decode_target_line, workload_counts
+from benchmarks.lib.report import format_table, ratios, summarize, to_json
+from benchmarks.lib.results import RequestRecord, RunResult
+from benchmarks.lib.workload import (
     ACTIONS,
     DECISION_MAX_TOKENS,
     REASON_MAX_CHARS,
@@ -28,14 +28,13 @@ from inference.engine.bench.workload import (
 SMALL = dict(num_requests=3, head_tokens=500, prompt_token_range=(620, 800))
 
 
-def test_workload_is_deterministic_from_the_seed(tiny_engine) -> None:
-    first = build_workload(tiny_engine.tokenizer, seed=7, **SMALL)
-    assert build_workload(tiny_engine.tokenizer, seed=7, **SMALL) == first
-    assert build_workload(tiny_engine.tokenizer, seed=8, **SMALL).requests != first.requests
+def test_workload_is_deterministic_from_the_seed(tokenizer) -> None:
+    first = build_workload(tokenizer, seed=7, **SMALL)
+    assert build_workload(tokenizer, seed=7, **SMALL) == first
+    assert build_workload(tokenizer, seed=8, **SMALL).requests != first.requests
 
 
-def test_workload_shares_a_head_of_the_asked_size(tiny_engine) -> None:
-    tokenizer = tiny_engine.tokenizer
+def test_workload_shares_a_head_of_the_asked_size(tokenizer) -> None:
     workload = build_workload(tokenizer, seed=1, **SMALL)
     systems = {request[0]["content"] for request in workload.requests}
     assert len(systems) == 1
@@ -49,8 +48,8 @@ def test_workload_shares_a_head_of_the_asked_size(tiny_engine) -> None:
     assert all(f"| {name} |" in workload.requests[0][0]["content"] for name in targets)
 
 
-def test_default_workload_has_the_town_shape(tiny_engine) -> None:
-    workload = build_workload(tiny_engine.tokenizer, seed=0)
+def test_default_workload_has_the_town_shape(tokenizer) -> None:
+    workload = build_workload(tokenizer, seed=0)
     assert len(workload.requests) == 8
     assert 1100 <= workload.num_head_tokens <= 1200
     assert all(1500 <= n <= 2600 for n in workload.prompt_token_counts)
@@ -66,9 +65,9 @@ def test_default_workload_has_the_town_shape(tiny_engine) -> None:
         (dict(head_tokens=50_000, prompt_token_range=(60_000, 60_000)), "too large"),
     ],
 )
-def test_workload_rejects_impossible_sizes(tiny_engine, sizes, message) -> None:
+def test_workload_rejects_impossible_sizes(tokenizer, sizes, message) -> None:
     with pytest.raises(ValueError, match=message):
-        build_workload(tiny_engine.tokenizer, **sizes)
+        build_workload(tokenizer, **sizes)
 
 
 def test_is_valid_decision_checks_every_constraint() -> None:
@@ -164,8 +163,8 @@ def test_table_and_json_carry_every_run() -> None:
     assert data["ratios"]["engine_vs_transformers_requests_per_min"]["passed"] is False
 
 
-def test_baseline_refuses_random_weights(tiny_engine) -> None:
-    workload = build_workload(tiny_engine.tokenizer, seed=0, **SMALL)
+def test_baseline_refuses_random_weights(tokenizer) -> None:
+    workload = build_workload(tokenizer, seed=0, **SMALL)
     with pytest.raises(ValueError, match="--skip-baseline"):
         run_transformers(
             workload, model="smollm2-tiny-random", num_requests=1, output_token_counts=[4]
@@ -173,7 +172,7 @@ def test_baseline_refuses_random_weights(tiny_engine) -> None:
 
 
 def test_cli_runs_the_engine_and_prints_json(capsys) -> None:
-    argv = ["--model", "smollm2-tiny-random", "--requests", "3", "--concurrency", "2",
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "3", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-800", "--runs", "cached",
             "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -189,7 +188,7 @@ def test_cli_runs_the_engine_and_prints_json(capsys) -> None:
 
 
 def test_cli_ngram_run_matches_the_cached_run_and_reports_its_drafts(capsys) -> None:
-    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached,ngram",
             "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -206,13 +205,13 @@ def test_cli_ngram_run_matches_the_cached_run_and_reports_its_drafts(capsys) -> 
 
 def test_cli_rejects_unknown_runs(capsys) -> None:
     with pytest.raises(SystemExit):
-        main(["--runs", "cached,fastest"])
+        main(["town", "--runs", "cached,fastest"])
     assert "unknown ['fastest']" in capsys.readouterr().err
 
 
-def test_max_tokens_default_fits_the_longest_decision(tiny_engine) -> None:
+def test_max_tokens_default_fits_the_longest_decision(tokenizer) -> None:
     worst = max(
-        len(tiny_engine.tokenizer.encode(f'{{"action":"{a}","target":"{t}","reason":"'))
+        len(tokenizer.encode(f'{{"action":"{a}","target":"{t}","reason":"'))
         for a in ACTIONS
         for t in candidate_place_names()
     )
@@ -221,9 +220,9 @@ def test_max_tokens_default_fits_the_longest_decision(tiny_engine) -> None:
 
 
 def test_cli_retention_sweep_reuses_the_exact_head_down_to_each_grid(capsys) -> None:
-    argv = ["--model", "gemma3-tiny-random", "--requests", "3", "--concurrency", "2",
-            "--head-tokens", "600", "--retention-interval", "512,dense,prompt-end",
-            "--max-tokens", "4", "--json"]  # fmt: skip
+    argv = ["retention-sweep", "--model", "gemma3-tiny-random", "--requests", "3",
+            "--concurrency", "2", "--head-tokens", "600", "--retention-interval",
+            "512,dense,prompt-end", "--max-tokens", "4", "--json"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     sweep = data["retention_sweep"]
@@ -247,19 +246,18 @@ def test_cli_retention_sweep_reuses_the_exact_head_down_to_each_grid(capsys) -> 
 
 
 def test_cli_rejects_a_bad_retention_interval(capsys) -> None:
-    with pytest.raises(SystemExit):
-        main(["--retention-interval", "2048,often"])
+    assert main(["retention-sweep", "--retention-interval", "2048,often"]) == 2
     assert "'often' is not a number of tokens" in capsys.readouterr().err
-    argv = ["--model", "gemma3-tiny-random", "--requests", "2", "--head-tokens", "600",
-            "--retention-interval", "1000"]  # fmt: skip
+    argv = ["retention-sweep", "--model", "gemma3-tiny-random", "--requests", "2",
+            "--head-tokens", "600", "--retention-interval", "1000"]  # fmt: skip
     assert main(argv) == 2
     assert "multiple of block_size" in capsys.readouterr().err
 
 
 def test_cli_exact_reuse_sweep_reuses_the_whole_head_at_every_interval(capsys) -> None:
-    argv = ["--model", "gemma3-tiny-random", "--requests", "3", "--concurrency", "2",
-            "--head-tokens", "600", "--retention-interval", "512,prompt-end", "--exact-reuse",
-            "--max-tokens", "4", "--json"]  # fmt: skip
+    argv = ["retention-sweep", "--model", "gemma3-tiny-random", "--requests", "3",
+            "--concurrency", "2", "--head-tokens", "600", "--retention-interval", "512,prompt-end",
+            "--exact-reuse", "--max-tokens", "4", "--json"]  # fmt: skip
     assert main(argv) == 0
     sweep = json.loads(capsys.readouterr().out)["retention_sweep"]
     for label in ("512", "prompt-end"):
@@ -268,7 +266,7 @@ def test_cli_exact_reuse_sweep_reuses_the_whole_head_at_every_interval(capsys) -
 
 
 def test_cli_fanout_computes_the_shared_head_once(capsys) -> None:
-    argv = ["--model", "gemma3-tiny-random", "--fanout", "--requests", "4", "--head-tokens",
+    argv = ["fanout", "--model", "gemma3-tiny-random", "--requests", "4", "--head-tokens",
             "400", "--tail-tokens", "20", "--max-tokens", "2", "--retention-interval", "4096",
             "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -299,8 +297,8 @@ def test_workload_counts_reuse_a_prompt_tick_2_repeats() -> None:
     assert counts.num_pairs == 150 * 150 / 2 + (20 * 140 + 20 * 20 / 2)
 
 
-def test_two_tick_workload_reuses_each_residents_own_head_on_tick_2(tiny_engine) -> None:
-    workload = build_workload(tiny_engine.tokenizer, num_requests=4, head_tokens=500,
+def test_two_tick_workload_reuses_each_residents_own_head_on_tick_2(tokenizer) -> None:
+    workload = build_workload(tokenizer, num_requests=4, head_tokens=500,
                               prompt_token_range=(900, 1000), ticks=2)  # fmt: skip
     counts, reused = workload.prompt_token_counts, workload.prompt_reused_tokens
     # Tick 1: the first prompt is all new, the second resident reuses about the shared head.
@@ -315,15 +313,15 @@ def test_two_tick_workload_reuses_each_residents_own_head_on_tick_2(tiny_engine)
 def test_floor_is_timed_once_the_engine_thread_has_ended(monkeypatch, capsys) -> None:
     # Timed beside a live engine thread, the floor's torch ops share the CPUs with a second
     # OpenMP team and read slower than they are.
-    real, threads_seen = bench_main.measure_floor, []
-    before = set(threading.enumerate())  # other tests' engines (tiny_engine) may be alive
+    real, threads_seen = town.measure_floor, []
+    before = set(threading.enumerate())  # other tests' engines (tokenizer) may be alive
 
     def measure_floor(*args, **kwargs):
         threads_seen.append([t.name for t in threading.enumerate() if t not in before])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bench_main, "measure_floor", measure_floor)
-    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+    monkeypatch.setattr(town, "measure_floor", measure_floor)
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached"]  # fmt: skip
     assert main(argv) == 0
     assert "compute floor (no engine reaches it):" in capsys.readouterr().out
@@ -331,7 +329,7 @@ def test_floor_is_timed_once_the_engine_thread_has_ended(monkeypatch, capsys) ->
 
 
 def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
-    argv = ["--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "2", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -346,8 +344,7 @@ def test_cli_prints_the_compute_floor_next_to_the_cached_run(capsys) -> None:
     assert 0 < floor["prefill_cached_over_uncached"] < 1
 
 
-def test_two_tick_workload_repeats_each_residents_own_head(tiny_engine) -> None:
-    tokenizer = tiny_engine.tokenizer
+def test_two_tick_workload_repeats_each_residents_own_head(tokenizer) -> None:
     workload = build_workload(tokenizer, seed=3, ticks=2, **{**SMALL, "num_requests": 4})
     assert len(workload.requests) == 4
     tick1, tick2 = workload.requests[:2], workload.requests[2:]
@@ -361,21 +358,21 @@ def test_two_tick_workload_repeats_each_residents_own_head(tiny_engine) -> None:
         build_workload(tokenizer, ticks=2, **{**SMALL, "num_requests": 3})
 
 
-def test_llamacpp_run_refuses_random_weights(tiny_engine) -> None:
-    from inference.engine.bench.baseline_llamacpp import run_llamacpp
+def test_llamacpp_run_refuses_random_weights(tokenizer) -> None:
+    from benchmarks.lib.baseline_llamacpp import run_llamacpp
 
-    workload = build_workload(tiny_engine.tokenizer, seed=0, **SMALL)
+    workload = build_workload(tokenizer, seed=0, **SMALL)
     with pytest.raises(ValueError, match="real weights"):
         run_llamacpp(
             workload,
             model="smollm2-tiny-random",
-            tokenizer=tiny_engine.tokenizer,
+            tokenizer=tokenizer,
             output_token_counts=[4] * 3,
         )
 
 
 def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None:
-    argv = ["--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached",
             "--ticks", "2", "--weights", "int8,fp32", "--prefill-chunk-while-decoding", "64",
             "--json"]  # fmt: skip
@@ -393,15 +390,15 @@ def test_cli_two_ticks_with_quantized_weights_reports_the_format(capsys) -> None
 
 def test_decode_target_line_says_what_the_floor_leaves_a_step() -> None:
     floor = Floor(1.0, 1.0, 1.0, 8, decode_weights_s=0.0153, decode_keys_s=0.0116)
-    line = _decode_target_line(floor, 0.0140)
+    line = decode_target_line(floor, 0.0140)
     assert "llama.cpp's 14.0 ms a token" in line
     assert "allows a step of 28.0 ms: the floor leaves 1.1 ms (4%) for the rest" in line
-    short = _decode_target_line(floor, 0.0120)  # a floor above what the target allows
+    short = decode_target_line(floor, 0.0120)  # a floor above what the target allows
     assert "allows a step of 24.0 ms: the floor is 2.9 ms (12%) over it" in short
 
 
 def test_cli_kv_cache_dtypes_and_decode_alone_are_reported(capsys) -> None:
-    argv = ["--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
+    argv = ["town", "--model", "smollm2-tiny-random", "--requests", "4", "--concurrency", "2",
             "--head-tokens", "500", "--prompt-tokens", "620-700", "--runs", "cached",
             "--kv-cache-dtype", "bfloat16,float32", "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -432,10 +429,8 @@ def test_steady_decode_ratios_divide_llamacpps_decode_by_the_engines_step() -> N
 
 
 def test_steady_decode_cli_prints_both_rates(capsys) -> None:
-    from inference.engine.bench.steady_decode import main as steady_main
-
     argv = ["--model", "smollm2-tiny-random", "--tokens", "3", "--concurrency", "2",
             "--kv-cache-dtype", "bfloat16"]  # fmt: skip
-    assert steady_main(argv) == 0
+    assert main(["steady-decode", *argv]) == 0
     line = capsys.readouterr().out
     assert "bfloat16 KV cache" in line and "at 2 in flight" in line and "ms at 1" in line

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.lib import baseline_llamacpp
+from benchmarks.lib.report import RunSummary
+from benchmarks.lib.results import RunResult
 from inference.engine.attention.decode_windows import SPLITS
-from inference.engine.bench.results import RunResult
 from inference.engine.runner.model_runner import kv_groups_of
 
 CHUNK = 1024
@@ -214,3 +216,64 @@ def format_floor(floor: Floor | None, runs: dict[str, float]) -> list[str]:
             f"floor / transformers, requests/min: {ratio:.2f}× (the most any engine shows)"
         )
     return lines
+
+
+def format_decode_floor(
+    floor: Floor,
+    summaries: dict[str, RunSummary],
+    concurrency: int,
+    weights: str,
+    kv_cache_dtype: str,
+) -> list[str]:
+    """Lines for the report: the decode step's floor against the main (cached) run's decode,
+    alone and in the workload, and against llama.cpp's when it ran."""
+    per_token = summaries["cached"].decode_s_per_token
+    lines = [
+        f"decode step floor at {concurrency} in flight ({weights} weights read "
+        f"once {floor.decode_weights_s * 1e3:.1f} ms, {kv_cache_dtype} keys once "
+        f"{floor.decode_keys_s * 1e3:.1f} ms): {floor.decode_step_s * 1e3:.1f} ms; engine "
+        f"decode per token {per_token * 1e3:.1f} ms = {per_token / floor.decode_step_s:.2f}× "
+        "the floor"
+    ]
+    llamacpp = summaries.get(baseline_llamacpp.NAME)
+    if llamacpp is not None and llamacpp.decode_s_per_token:
+        lines.append(decode_target_line(floor, llamacpp.decode_s_per_token))
+    alone = summaries["cached"].steady_decode_s_per_token
+    if alone:
+        lines.append(
+            f"engine decode alone at {concurrency} in flight {alone * 1e3:.1f} ms = "
+            f"{alone / floor.decode_step_s:.2f}× the floor"
+        )
+    return lines
+
+
+def decode_target_line(floor: Floor, llamacpp_s_per_token: float) -> str:
+    """What the per-request decode target (≥ 0.5× llama.cpp's single stream, a token per step
+    for each sequence) allows a step, against the floor of torch's own kernels."""
+    allowed = 2 * llamacpp_s_per_token
+    left = allowed - floor.decode_step_s
+    head = (
+        f"decode target (each request ≥ 0.5× llama.cpp's {llamacpp_s_per_token * 1e3:.1f} ms a "
+        f"token) allows a step of {allowed * 1e3:.1f} ms: "
+    )
+    if left >= 0:
+        return head + f"the floor leaves {left * 1e3:.1f} ms ({left / allowed:.0%}) for the rest"
+    return head + (
+        f"the floor is {-left * 1e3:.1f} ms ({-left / allowed:.0%}) over it, so no engine on "
+        "these kernels meets it on this machine"
+    )
+
+
+def floor_json(floor: Floor) -> dict:
+    return {
+        "total_s": floor.total_s,
+        "requests_per_min": floor.requests_per_min,
+        "prefill_linear_s": floor.prefill_linear_s,
+        "prefill_attention_s": floor.prefill_attention_s,
+        "decode_s": floor.decode_s,
+        "uncached_prefill_s": floor.uncached_prefill_s,
+        "decode_step_s": floor.decode_step_s,
+        "decode_weights_s": floor.decode_weights_s,
+        "decode_keys_s": floor.decode_keys_s,
+        "prefill_cached_over_uncached": floor.prefill_s / floor.uncached_prefill_s,
+    }

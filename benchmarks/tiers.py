@@ -1,5 +1,5 @@
-"""`--tiers`: time to first token for a prompt whose head is cold, on disk, in host memory or in
-the device pool (kv/tiers).
+"""`python -m benchmarks tiers`: time to first token for a prompt whose head is cold, on disk,
+in host memory or in the device pool (kv/tiers).
 
 Each repetition uses a fresh head (random token ids; --head-tokens, default 1500) and a fresh
 tail per timed prompt (--tail-tokens, default 500), one output token:
@@ -23,8 +23,9 @@ import statistics
 import tempfile
 from collections.abc import Callable
 
+from benchmarks.lib.cli import add_arguments, run_meta
+from benchmarks.lib.output import emit, progress
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.bench.output import emit, progress
 
 KINDS = ("cold", "disk", "host", "device")
 
@@ -135,7 +136,23 @@ def format_tiers(result: dict) -> str:
     return "\n".join(lines)
 
 
-def tiers_main(args: argparse.Namespace, meta: dict) -> int:
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_arguments(
+        parser,
+        "model",
+        "head_tokens",
+        "tail_tokens",
+        "repeats",
+        "seed",
+        "json",
+        "json_out",
+        head_tokens=1500,
+        tail_tokens=500,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    meta = run_meta(args)
     result = run_tiers(
         args.model,
         head_tokens=args.head_tokens,

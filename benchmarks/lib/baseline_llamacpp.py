@@ -16,8 +16,8 @@ import contextlib
 import os
 import time
 
-from inference.engine.bench.results import RequestRecord, RunResult
-from inference.engine.bench.workload import Workload
+from benchmarks.lib.results import RequestRecord, RunResult
+from benchmarks.lib.workload import Workload
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
 from inference.engine.loading.tokenizer import Tokenizer
 

@@ -1,8 +1,8 @@
-"""`--priority`: a script's request while the town decides (issue 34, item 2). The time to first
-token of a short /v1-like chat request on an idle engine, then with the town's decisions in
-flight (`--concurrency` town-shaped prompts, the JSON schema, submitted together as a tick's
-fan-out), once in the same class as the town (FCFS: it waits behind the batch) and once ahead of
-it (priority 0 against the town's 1, as the Django side sends them by default).
+"""`python -m benchmarks priority`: a script's request while the town decides (issue 34, item 2).
+The time to first token of a short /v1-like chat request on an idle engine, then with the town's
+decisions in flight (`--concurrency` town-shaped prompts, the JSON schema, submitted together as
+a tick's fan-out), once in the same class as the town (FCFS: it waits behind the batch) and once
+ahead of it (priority 0 against the town's 1, as the Django side sends them by default).
 
 Each measurement is repeated `--repeats` times on one engine configured as the app runs it
 (pokosite/settings: a 256-token prefill chunk while a request decodes); every probe has its own
@@ -18,9 +18,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from benchmarks.lib.cli import add_arguments, run_meta
+from benchmarks.lib.output import emit, progress
+from benchmarks.lib.workload import build_workload, chat_tokenizer_for
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.bench.output import emit, progress
-from inference.engine.bench.workload import build_workload, chat_tokenizer_for
 
 PROBE = [
     {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
@@ -134,12 +135,29 @@ def format_priority(results: list[PriorityResult], num_town: int) -> str:
     return "\n".join(lines)
 
 
-def priority_main(args: argparse.Namespace, meta: dict) -> int:
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_arguments(
+        parser,
+        "model",
+        "concurrency",
+        "head_tokens",
+        "prompt_tokens",
+        "max_tokens",
+        "repeats",
+        "seed",
+        "max_num_batched_tokens",
+        "json",
+        "json_out",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    meta = run_meta(args)
     results = run_priority(
         args.model,
         num_town=args.concurrency,
         head_tokens=args.head_tokens,
-        prompt_token_range=args.prompt_token_range,
+        prompt_token_range=args.prompt_tokens,
         max_tokens=args.max_tokens,
         repeats=args.repeats,
         seed=args.seed,

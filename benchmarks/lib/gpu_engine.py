@@ -9,10 +9,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from benchmarks.lib.engine_run import ENGINE_RUNS, run_engine
+from benchmarks.lib.report import summarize
+from benchmarks.lib.workload import DECISION_MAX_TOKENS, Workload, build_workload
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.bench.engine_run import ENGINE_RUNS, run_engine
-from inference.engine.bench.report import summarize
-from inference.engine.bench.workload import DECISION_MAX_TOKENS, Workload, build_workload
 
 DECODE_CONCURRENCY = (4, 16, 64)
 

@@ -1,5 +1,7 @@
-"""`--retention-interval 4096,2048,1024,dense`: one shared-head workload under several retention
-policies, each on a fresh engine, plus prefix caching off as the baseline, in one run.
+"""`python -m benchmarks retention-sweep --retention-interval 4096,2048,1024,dense`: one
+shared-head workload under several retention policies, each on a fresh engine, plus prefix
+caching off as the baseline, in one run; it prints reuse, lost tokens by reason, prefill time and
+checkpoint memory per policy.
 
 The talk measured its reuse on a prompt head of an exact size (2,247 or 3,362 tokens shared by
 every decision). To share exactly `head_tokens`, each request's rendered town prompt gets a
@@ -7,10 +9,15 @@ token of its own inserted at that position (a distinct word per request): every 
 then agrees on exactly the first `head_tokens` tokens. The first request runs alone (it fills
 the cache, like a tick's first decision); the others follow, `concurrency` at a time. Reuse and
 lost tokens are reported per request over those later requests: the steady state.
+
+The sweep models vLLM's rounding (no partial-block copy, no junctions, no shared prefill);
+`--exact-reuse` turns those on and declares a cache breakpoint where the head ends, so the whole
+head is reused at every interval.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 import time
@@ -18,8 +25,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from benchmarks.lib.cli import (
+    ENGINE_ARGUMENTS,
+    add_arguments,
+    make_engine,
+    run_meta,
+    token_range,
+    town_header,
+    town_meta,
+)
+from benchmarks.lib.output import emit, progress
+from benchmarks.lib.workload import Workload, build_workload, chat_tokenizer_for
 from inference.engine import LLMEngine, RequestMetrics, SamplingParams
-from inference.engine.bench.workload import Workload, chat_tokenizer_for
 
 # One token each in the tokenizers we ship; the first token of each must differ.
 _MARKER_WORDS = [
@@ -240,3 +257,84 @@ def sweep_json(runs: list[IntervalRun]) -> dict[str, dict]:
         }
         for run in runs
     }
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_arguments(
+        parser, *ENGINE_ARGUMENTS, "requests", "concurrency", "head_tokens", "max_tokens", "seed"
+    )
+    parser.add_argument(
+        "--retention-interval",
+        required=True,
+        help="comma-separated retention policies to compare, each a number of tokens (a "
+        "multiple of the block size), 'dense' or 'prompt-end', e.g. 4096,2048,1024,dense; "
+        "prompts then share exactly --head-tokens tokens",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=token_range,
+        default=None,
+        help="LOW-HIGH: each prompt's size in tokens (default: a few hundred tokens past the head)",
+    )
+    parser.add_argument(
+        "--exact-reuse",
+        action="store_true",
+        help="breakpoint at the head's end, partial-block copy and junctions on",
+    )
+    parser.add_argument(
+        "--bounded-replay",
+        action="store_true",
+        help="DeepSeek's bounded replay on (DeepSeek-V4; approximate), with its agreement with "
+        "the prefix-caching-off run",
+    )
+    add_arguments(parser, "json", "json_out")
+
+
+def _system_tokens(head_tokens: int) -> int:
+    """The shared system message's size: the head must fit in it, and it is ≥ 90% of its target."""
+    return int(head_tokens / 0.9) + 16
+
+
+def main(args: argparse.Namespace) -> int:
+    start = run_meta(args)
+    intervals = parse_intervals(args.retention_interval)
+    prompt_tokens = args.prompt_tokens
+    if prompt_tokens is None:
+        low = _system_tokens(args.head_tokens) + 150
+        prompt_tokens = (low, low + 300)
+
+    def workload_of(engine: LLMEngine) -> Workload:
+        return build_workload(
+            chat_tokenizer_for(engine.tokenizer),
+            num_requests=args.requests,
+            head_tokens=_system_tokens(args.head_tokens),
+            prompt_token_range=prompt_tokens,
+            seed=args.seed,
+        )
+
+    exact = args.exact_reuse  # else vLLM's rounding: the talk's numbers
+    flags = dict(
+        enable_partial_block_reuse=exact,
+        enable_junction_checkpoints=exact,
+        enable_shared_prefill=exact,
+    )
+    if args.bounded_replay:
+        flags["enable_bounded_replay"] = True
+    runs, workload = run_sweep(
+        lambda caching, interval: make_engine(args, caching, interval, **flags),
+        workload_of,
+        intervals,
+        head_tokens=args.head_tokens,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        progress=progress,
+        breakpoint=args.head_tokens if exact else None,
+    )
+    meta = town_meta(
+        args, start, workload, ticks=1, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype
+    )
+    meta["workload"]["head_tokens"] = args.head_tokens
+    meta["workload"]["shared_prefix_tokens"] = args.head_tokens  # exactly: see the module doc
+    meta["workload"]["prompt_tokens"] = [m.num_prompt_tokens for m in runs[0].metrics]
+    data = {**meta, "retention_sweep": sweep_json(runs)}
+    return emit(args, data, f"{town_header(meta)}\n{format_sweep(runs)}")

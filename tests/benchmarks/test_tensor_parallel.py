@@ -1,6 +1,6 @@
-"""bench.tensor_parallel's summary: steps split by kind, medians of time, means of bytes."""
+"""benchmarks.tensor_parallel's summary: steps split by kind, medians of time, means of bytes."""
 
-from inference.engine.bench.tensor_parallel import StepTiming, format_rows, summarize
+from benchmarks.tensor_parallel import StepTiming, format_rows, summarize
 from inference.engine.distributed.communicator import CommStats, OpStats
 
 

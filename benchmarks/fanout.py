@@ -1,4 +1,5 @@
-"""`--fanout`: N requests sharing an uncached head, submitted at once (a town tick fanning out).
+"""`python -m benchmarks fanout`: N requests sharing an uncached head, submitted at once (a town
+tick fanning out).
 
 Two fresh engines on the same prompts: one prefill per shared head on (the leader computes the
 head and keeps a checkpoint where it ends; the others wait, then resume there), and off (each
@@ -16,8 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchmarks.lib.cli import ENGINE_ARGUMENTS, add_arguments, make_engine, run_meta
+from benchmarks.lib.output import emit, progress
+from benchmarks.retention_sweep import parse_intervals
 from inference.engine import LLMEngine, SamplingParams
-from inference.engine.bench.output import emit, progress
 
 
 @dataclass(slots=True)
@@ -129,12 +132,32 @@ def fanout_json(runs: list[FanoutRun]) -> dict:
     }
 
 
-def fanout_main(
-    args: argparse.Namespace, make_engine: Callable[[bool], LLMEngine], meta: dict
-) -> int:
-    """The `--fanout` command: run, then print a table (or JSON) and write --json-out."""
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    add_arguments(
+        parser,
+        *ENGINE_ARGUMENTS,
+        "requests",
+        "head_tokens",
+        "tail_tokens",
+        "max_tokens",
+        "seed",
+        "json",
+        "json_out",
+    )
+    parser.add_argument(
+        "--retention-interval",
+        default=None,
+        help="the engines' retention policy: a number of tokens (a multiple of the block size), "
+        "'dense' or 'prompt-end' (a list: its first)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run, then print a table (or JSON) and write --json-out."""
+    meta = run_meta(args)
+    interval = parse_intervals(args.retention_interval)[0] if args.retention_interval else None
     runs = run_fanout(
-        make_engine,
+        lambda shared: make_engine(args, True, interval, enable_shared_prefill=shared),
         num_requests=args.requests,
         head_tokens=args.head_tokens,
         tail_tokens=args.tail_tokens,

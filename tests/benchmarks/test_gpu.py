@@ -1,5 +1,5 @@
-"""`python -m inference.engine.bench.gpu`: refuses clearly without CUDA; on a GPU, the kernel part
-runs and passes."""
+"""`python -m benchmarks gpu`: refuses clearly without CUDA; on a GPU, the kernel part runs and
+passes."""
 
 import subprocess
 import sys
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "inference.engine.bench.gpu", *args],
+        [sys.executable, "-m", "benchmarks", "gpu", *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -8,9 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from benchmarks.lib.results import RequestRecord, RunResult
+from benchmarks.lib.workload import Workload
 from inference.engine import LLMEngine, RequestOutput, SamplingParams
-from inference.engine.bench.results import RequestRecord, RunResult
-from inference.engine.bench.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

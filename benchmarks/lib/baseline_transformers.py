@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from inference.engine.bench.results import RequestRecord, RunResult
-from inference.engine.bench.workload import Workload
+from benchmarks.lib.results import RequestRecord, RunResult
+from benchmarks.lib.workload import Workload
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
 from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
 

@@ -1,0 +1,73 @@
+"""`python -m benchmarks <mode> [options]`: one subcommand per benchmark mode.
+
+`python -m benchmarks <mode> --help` lists a mode's options. Progress goes to stderr, results to
+stdout. Every mode's bad input (a ValueError from the workload, the engine or a run) is one line
+on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from benchmarks import (
+    fanout,
+    gpu,
+    load_checkpoint,
+    priority,
+    restart,
+    retention_sweep,
+    steady_decode,
+    tensor_parallel,
+    tiers,
+    town,
+    weights_agreement,
+)
+
+PROG = "python -m benchmarks"
+
+MODES = {
+    "town": (town, "the town-shaped workload: engine runs vs transformers and llama.cpp"),
+    "retention-sweep": (retention_sweep, "one shared head under several retention policies"),
+    "fanout": (fanout, "N requests sharing an uncached head at once: one prefill per head"),
+    "tiers": (tiers, "TTFT with the head cold, on disk, in host memory, in the device pool"),
+    "restart": (restart, "tick 2 after a worker restart, disk tier on and off"),
+    "priority": (priority, "a short request's TTFT idle and with the town in flight"),
+    "steady-decode": (steady_decode, "decode alone on a fresh engine, at N in flight and at 1"),
+    "weights-agreement": (weights_agreement, "quantized weight formats against fp32"),
+    "tensor-parallel": (tensor_parallel, "what splitting a model over ranks costs"),
+    "load-checkpoint": (load_checkpoint, "load time and memory of a DeepSeek-V4 checkpoint"),
+    "gpu": (gpu, "kernels at real sizes and the engine on CUDA (needs a GPU)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="<mode>")
+    for name, (module, summary) in MODES.items():
+        sub = modes.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_cli_args(sub)
+        sub.set_defaults(main=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command = " ".join([PROG, *argv])
+    try:
+        return args.main(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
