@@ -83,11 +83,8 @@ class StepTables:
 
     # ---- per query ----------------------------------------------------------------------------
 
-    def token_sequences(self) -> torch.Tensor:
-        """(T,): each query's sequence index."""
-        return self._once(("tokens",), self._token_sequences)
-
     def _token_sequences(self) -> torch.Tensor:
+        """(T,): each query's sequence index (CPU)."""
         return torch.repeat_interleave(torch.arange(len(self.query_lens)), self.query_lens)
 
     def query_positions(self) -> torch.Tensor:
@@ -152,8 +149,8 @@ class StepTables:
             prev = (tokens - rate).clamp(min=0)
             prev_slots = self._window_slots(seq[:, None].expand_as(prev), prev, has_prev[:, None])
             rows = self._entry_rows(kind, rate, seq, windows, torch.ones_like(has_prev))
-            move = lambda t: t.to(self.device)  # noqa: E731
-            return ClosingWindows(move(slots), move(prev_slots), move(windows), move(rows))
+            parts = (slots, prev_slots, windows, rows)
+            return ClosingWindows(*(part.to(self.device) for part in parts))
 
         return self._once(("closing", kind, rate), build, on_device=False)
 
