@@ -14,7 +14,8 @@ import torch
 
 from inference.engine import SamplingParams
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
-from inference.engine.models import load_model
+from inference.engine.models import grouped_experts, load_model
+from inference.engine.models.deepseek_v4 import attention
 from inference.engine.models.deepseek_v4.attention import Attention
 from inference.engine.models.deepseek_v4.state import SequenceState
 from inference.engine.models.deepseek_v4.step_tables import StepTables
@@ -66,6 +67,9 @@ def _stepped_state(model, prompts):
 
 
 def test_batched_attention_equals_the_per_sequence_reference(model, monkeypatch):
+    """Query chunks of 16 (smaller than the default's, which takes this step whole) that
+    straddle sequences: the chunking is exercised too."""
+    monkeypatch.setattr(attention, "GATHER_BUDGET", 16 * (128 + 40) * 64)
     rng = random.Random(5)
     prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
     step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
@@ -100,8 +104,11 @@ def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("share", [None, range(2, 5)])
 @pytest.mark.parametrize("num_routed", [6, 8])  # some experts never hit, or every one
-def test_grouped_experts_equal_a_loop_over_experts(model, packed, share, num_routed):
+def test_grouped_experts_equal_a_loop_over_experts(model, monkeypatch, packed, share, num_routed):
+    """Chunks of 3 experts (the default takes the tiny model's at once): the chunking too."""
     experts = model.model.layers[3].mlp.experts
+    expert_size = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
+    monkeypatch.setattr(grouped_experts, "WEIGHT_BUDGET", 3 * expert_size)
     generator = torch.Generator().manual_seed(num_routed)
     num_tokens = 11
     x = torch.randn(num_tokens, experts.gate_up_proj.shape[2], generator=generator)
