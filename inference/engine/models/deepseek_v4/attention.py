@@ -1,7 +1,9 @@
 """DeepSeek-V4's attention: the sliding-window K=V branch every layer has, with sinks and the
 grouped output projection; CSA's overlapping compressor and lightning indexer; HCA's compressor.
-It reads and writes the request state laid out in deepseek_v4.state, one sequence at a time
-(torch; no kernel yet)."""
+It reads and writes the request state laid out in deepseek_v4.state, every sequence of the step
+in one batch (torch; no kernel yet): each query gathers its own keys through the step's tables
+(deepseek_v4.step_tables), padded with -1 and masked, so no layer loops over sequences.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.models.deepseek_v4.config import CSA, HCA, SLIDING, DeepseekV4Config
+from inference.engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.layers import (
     RMSNorm,
     Rotary,
     apply_rope,
     unweighted_rms_norm,
 )
-from inference.engine.models.deepseek_v4.state import (
-    DeepseekV4Metadata,
-    LayerState,
-    SequenceState,
-)
+from inference.engine.models.deepseek_v4.state import DeepseekV4Metadata, LayerState
+
+# A query chunk gathers its keys: (queries, keys, head_dim) floats at most about this many
+# (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
+GATHER_BUDGET = 1 << 24
 
 # ---- compressors ------------------------------------------------------------------------------
 
@@ -48,25 +50,29 @@ class Compressor(nn.Module):
         """(T, projection_width): each token's raw kv and gate, kept in the window state."""
         return torch.cat([self.kv_proj(x), self.gate_proj(x)], dim=-1)
 
-    def pool(self, raw: torch.Tensor, first: int, count: int, rotary: Rotary) -> torch.Tensor:
-        """Entries [first, first + count) from `raw` (the tokens of windows [first - 1 or
-        first, first + count), as project() made them): (count, head_dim)."""
-        rate, hd = self.rate, self.head_dim
-        kv, gate = raw.float().chunk(2, dim=-1)
-        num_windows = kv.shape[0] // rate
-        kv = kv.view(num_windows, rate, -1)  # (windows, rate, width)
-        gate = gate.view(num_windows, rate, -1) + self.position_bias
+    def pool(
+        self,
+        current: torch.Tensor,  # (N, rate, projection_width): each window's tokens, raw
+        previous: torch.Tensor | None,  # the same for the window before each (CSA's overlap)
+        has_previous: torch.Tensor | None,  # (N,) bool: whether that window exists
+        windows: torch.Tensor,  # (N,) window indices w
+        rotary: Rotary,
+    ) -> torch.Tensor:
+        """(N, head_dim): window w's entry, roped at position rate · w."""
+        hd = self.head_dim
+        kv, gate = current.float().chunk(2, dim=-1)  # (N, rate, width) each
+        gate = gate + self.position_bias
         if self.overlap:
-            has_prev = num_windows - count  # 1 when window first - 1 was passed in
-            pad_kv = kv.new_zeros(1, rate, hd)
-            pad_gate = gate.new_full((1, rate, hd), float("-inf"))
-            prev_kv = torch.cat([pad_kv, kv[..., :hd]])[has_prev : has_prev + count]
-            prev_gate = torch.cat([pad_gate, gate[..., :hd]])[has_prev : has_prev + count]
-            kv = torch.cat([prev_kv, kv[has_prev:, :, hd:]], dim=1)  # (count, 2·rate, hd)
-            gate = torch.cat([prev_gate, gate[has_prev:, :, hd:]], dim=1)
-        pooled = self.kv_norm((kv * gate.softmax(dim=1)).sum(dim=1))  # (count, hd)
-        positions = torch.arange(first, first + count, device=raw.device) * rate
-        cos, sin = rotary(positions)
+            prev_kv, prev_gate = previous.float().chunk(2, dim=-1)
+            missing = ~has_previous[:, None, None]
+            prev_kv = prev_kv[..., :hd].masked_fill(missing, 0.0)
+            prev_gate = (prev_gate + self.position_bias)[..., :hd].masked_fill(
+                missing, float("-inf")
+            )
+            kv = torch.cat([prev_kv, kv[..., hd:]], dim=1)  # (N, 2·rate, hd)
+            gate = torch.cat([prev_gate, gate[..., hd:]], dim=1)
+        pooled = self.kv_norm((kv * gate.softmax(dim=1)).sum(dim=1))  # (N, hd)
+        cos, sin = rotary(windows * self.rate)
         return apply_rope(pooled[:, None, :], cos, sin)[:, 0, :]
 
 
@@ -88,27 +94,19 @@ class Indexer(Compressor):
         x: torch.Tensor,  # (Q, hidden)
         q_residual: torch.Tensor,  # (Q, q_lora_rank)
         rope: tuple[torch.Tensor, torch.Tensor],
-        keys: torch.Tensor,  # (E, index_head_dim)
-        positions: torch.Tensor,  # (Q,)
-        rate: int,
+        keys: torch.Tensor,  # (pool entries, index_head_dim): the layer's indexer keys
+        visible: torch.Tensor,  # (Q, E): pool rows each query may see, -1 padded
     ) -> torch.Tensor:
-        """(Q, E) additive mask: 0 where the query keeps the entry, -inf elsewhere."""
-        num_entries = keys.shape[0]
+        """(Q, min(top-k, E)): the pool rows each query keeps, -1 where it has fewer."""
         q = self.q_b_proj(q_residual).view(-1, self.num_heads, self.head_dim)  # (Q, H, D)
         q = apply_rope(q, *rope)
-        scores = F.relu(torch.einsum("qhd,ed->qhe", q.float(), keys.float())) * self.head_dim**-0.5
+        gathered = keys[visible.clamp(min=0)].float()  # (Q, E, D)
+        scores = F.relu(torch.matmul(q.float(), gathered.transpose(1, 2)))  # (Q, H, E)
         weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (Q, H)
-        scores = (scores * weights[..., None]).sum(dim=1)  # (Q, E)
-        closed = (positions + 1) // rate  # entries a query may see: windows ended by it
-        future = torch.arange(num_entries, device=x.device)[None, :] >= closed[:, None]
-        picks = (
-            scores.masked_fill(future, float("-inf"))
-            .topk(min(self.topk, num_entries), dim=-1)
-            .indices
-        )
-        picks = torch.where(picks < closed[:, None], picks, num_entries)  # unusable → spare column
-        mask = scores.new_full((q.shape[0], num_entries + 1), float("-inf"))
-        return mask.scatter_(-1, picks, 0.0)[:, :num_entries]
+        scores = (scores * self.head_dim**-0.5 * weights[..., None]).sum(dim=1)  # (Q, E)
+        scores = scores.masked_fill(visible < 0, float("-inf"))
+        picks = scores.topk(min(self.topk, visible.shape[1]), dim=-1).indices
+        return visible.gather(1, picks)  # an unseeable pick stays -1
 
 
 # ---- attention --------------------------------------------------------------------------------
@@ -165,14 +163,29 @@ class Attention(nn.Module):
         q = apply_rope(unweighted_rms_norm(q, self.eps), cos, sin)  # (T, H, D)
         kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], cos, sin)[:, 0]  # (T, D)
         state.window[meta.window_slots] = kv.to(state.window.dtype)
+        tables = meta.tables
         if self.compressor is not None:
             self._compress(x, state, meta, ropes.compress_rotary)
+        window = tables.window_keys()  # (T, W) sliding slots
+        entries = tables.visible_entries(self.kind, self.rate) if self.rate else None
+        width = window.shape[1] + (entries.shape[1] if entries is not None else 0)
+        step = max(1, GATHER_BUDGET // (width * self.head_dim))
         out = torch.empty_like(q)
-        for seq in meta.sequences:
-            rows = slice(seq.query_start, seq.query_start + seq.query_len)
-            out[rows] = self._attend(
-                seq, q[rows], x[rows], q_residual[rows], positions[rows], ropes, state, meta
-            )
+        for lo in range(0, num_tokens, step):  # query chunks, each over every sequence's
+            rows = slice(lo, lo + step)
+            keys = [(state.window, window[rows])]
+            if self.kind == CSA:
+                picked = self.compressor.indexer.select(
+                    x[rows],
+                    q_residual[rows],
+                    (cos[rows], sin[rows]),
+                    state.index_entries,
+                    entries[rows],
+                )
+                keys.append((state.entries, picked))
+            elif entries is not None:
+                keys.append((state.entries, entries[rows]))
+            out[rows] = self._attend(q[rows], keys)
         out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
         grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
         return self.o_b_proj(self.o_a_proj(grouped))
@@ -184,65 +197,39 @@ class Attention(nn.Module):
         if indexer is not None:
             projections = torch.cat([projections, indexer.project(x)], dim=-1)
         state.projections[meta.window_slots] = projections.to(state.projections.dtype)
+        closing = meta.tables.closing_windows(self.kind, self.rate)
+        if closing.windows.numel() == 0:
+            return
         split = compressor.projection_width
-        for seq in meta.sequences:
-            first, last = seq.start // self.rate, seq.end // self.rate  # windows closed now
-            if first == last:
-                continue
-            # CSA pools window first - 1's first series too, where it exists (a bounded
-            # replay has no window state before its start: its first window pools alone).
-            has_prev = compressor.overlap and first > 0
-            has_prev = has_prev and self.rate * (first - 1) >= seq.window_start
-            lo = self.rate * (first - 1 if has_prev else first)
-            raw = state.projections[meta.window_slots_of(seq, lo, self.rate * last)]
-            entries = compressor.pool(raw[:, :split], first, last - first, rotary)
-            if self.kind == HCA:
-                state.entries[meta.hca_entry_ids(seq, first, last, self.rate)] = entries.to(
-                    state.entries.dtype
-                )
-                continue
-            ids = meta.csa_entry_ids(seq, first, last)
-            state.entries[ids] = entries.to(state.entries.dtype)
-            keys = indexer.pool(raw[:, split:], first, last - first, rotary)
-            state.index_entries[ids] = keys.to(state.index_entries.dtype)
+        current = state.projections[closing.slots]  # (N, rate, widths)
+        has_previous = closing.prev_slots[:, 0] >= 0
+        previous = None
+        if compressor.overlap:
+            previous = state.projections[closing.prev_slots.clamp(min=0)]
+        entries = compressor.pool(
+            current[..., :split],
+            previous[..., :split] if previous is not None else None,
+            has_previous,
+            closing.windows,
+            rotary,
+        )
+        state.entries[closing.entry_rows] = entries.to(state.entries.dtype)
+        if indexer is not None:
+            keys = indexer.pool(
+                current[..., split:], previous[..., split:], has_previous, closing.windows, rotary
+            )
+            state.index_entries[closing.entry_rows] = keys.to(state.index_entries.dtype)
 
-    def _attend(self, seq: SequenceState, q, x, q_residual, positions, ropes, state, meta):
-        """(Q, H, D): the sequence's queries over their window and their compressed entries."""
-        lo = max(seq.window_start, seq.start - self.window + 1)
-        keys = state.window[meta.window_slots_of(seq, lo, seq.end)].to(q.dtype)  # (K, D)
-        key_pos = torch.arange(lo, seq.end, device=q.device)
-        visible = (key_pos[None, :] <= positions[:, None]) & (
-            key_pos[None, :] > positions[:, None] - self.window
-        )
-        bias = torch.zeros(visible.shape, dtype=torch.float, device=q.device).masked_fill(
-            ~visible, float("-inf")
-        )
-        if self.rate and seq.end >= self.rate:  # some compressor window has closed
-            entries, entry_bias = self._entries(seq, x, q_residual, positions, ropes, state, meta)
-            keys = torch.cat([keys, entries.to(q.dtype)])
-            bias = torch.cat([bias, entry_bias], dim=1)
-        logits = (
-            torch.einsum("qhd,kd->qhk", q.float(), keys.float()) * self.scale + bias[:, None, :]
-        )
+    def _attend(self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]):
+        """(Q, H, D): each query over the pool rows it reads, (pool, rows (Q, K) -1 padded)
+        per part, with the sinks in the softmax."""
+        rows = torch.cat([r for _, r in keys], dim=1)  # (Q, K)
+        gathered = torch.cat(
+            [pool[r.clamp(min=0)].to(q.dtype).float() for pool, r in keys], dim=1
+        )  # (Q, K, D)
+        logits = torch.matmul(q.float(), gathered.transpose(1, 2)) * self.scale  # (Q, H, K)
+        logits = logits.masked_fill((rows < 0)[:, None, :], float("-inf"))
         sinks = self.sinks.float()[None, :, None].expand(q.shape[0], -1, 1)
         combined = torch.cat([logits, sinks], dim=-1)
         probs = (combined - combined.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
-        return torch.einsum("qhk,kd->qhd", probs, keys.float()).to(q.dtype)
-
-    def _entries(self, seq: SequenceState, x, q_residual, positions, ropes, state, meta):
-        """The sequence's compressed entries, (E, D), and which each query sees, (Q, E): HCA's
-        all that its windows closed by the query's position, CSA's the indexer's top-k of those."""
-        num_entries = seq.end // self.rate
-        closed = (positions + 1) // self.rate  # entries a query may see: windows ended by it
-        if self.kind == HCA:
-            entries = state.entries[meta.hca_entry_ids(seq, 0, num_entries, self.rate)]
-            future = torch.arange(num_entries, device=x.device)[None, :] >= closed[:, None]
-            bias = torch.zeros(future.shape, device=x.device).masked_fill(future, float("-inf"))
-            return entries, bias
-        ids = meta.csa_entry_ids(seq, 0, num_entries)
-        rows = slice(seq.query_start, seq.query_start + seq.query_len)
-        cos, sin = ropes.compress
-        bias = self.compressor.indexer.select(
-            x, q_residual, (cos[rows], sin[rows]), state.index_entries[ids], positions, self.rate
-        )
-        return state.entries[ids], bias
+        return torch.matmul(probs, gathered).to(q.dtype)

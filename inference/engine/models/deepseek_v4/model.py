@@ -13,7 +13,8 @@ packed) load through deepseek_v4.loader. Per layer:
 - manifold-constrained hyper-connections (hc_mult residual streams, Sinkhorn-mixed).
 
 The per-request state lives in deepseek_v4.state (which group holds what, and why that
-resumes exactly at any position). Attention runs per sequence in torch (no kernel yet).
+resumes exactly at any position). Attention runs in torch over all of a step's sequences at
+once (deepseek_v4.step_tables; no kernel yet), the routed experts as one grouped computation.
 The checkpoint's multi-token-prediction layer (`mtp.0.*`), when its config declares one, is
 built and loaded (deepseek_v4.mtp) and drafts a token per step for speculative decoding.
 """

@@ -1,5 +1,6 @@
 """DeepSeek-V4's MLP: routed experts (top-k of sqrt-softplus scores with a correction bias, or
-hash-routed by token id in the first layers) plus a shared expert, SwiGLU clamped."""
+hash-routed by token id in the first layers) plus a shared expert, SwiGLU clamped. Both routings
+give (token, slot) expert ids that one grouped computation serves (grouped_experts)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.grouped_experts import group_by_expert, grouped_swiglu
 
 # ---- MoE --------------------------------------------------------------------------------------
 
@@ -54,17 +56,17 @@ class Experts(nn.Module):
     def forward(
         self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for expert in indices.unique().tolist():
-            if expert not in self.expert_ids:
-                continue  # another rank's
-            local = expert - self.expert_ids.start
-            tokens, slot = torch.where(indices == expert)
-            gate, up = F.linear(x[tokens], self.gate_up_proj[local]).chunk(2, dim=-1)
-            h = F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
-            h = F.linear(h, self.down_proj[local]) * weights[tokens, slot, None]
-            out.index_add_(0, tokens, h.to(out.dtype))
+        """The weighted sum over each token's experts held here (others contribute 0), one
+        grouped computation (grouped_experts)."""
+        groups = group_by_expert(indices, weights, self.expert_ids)
+        size = self.gate_up_proj[0].numel() + self.down_proj[0].numel()
+        out = grouped_swiglu(x, groups, self._weights_of, size, self.limit, x.dtype)
         return out
+
+    def _weights_of(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(experts) == len(self.expert_ids):  # every expert hit: no copy
+            return self.gate_up_proj, self.down_proj
+        return self.gate_up_proj[experts], self.down_proj[experts]
 
 
 class Router(nn.Module):

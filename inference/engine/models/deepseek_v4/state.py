@@ -24,7 +24,7 @@ P mod B slots of the window tensors and the entries of the windows that end befo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +32,7 @@ from inference.engine.attention.attention_backend import GroupSpans
 from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config
+from inference.engine.models.deepseek_v4.step_tables import StepTables
 
 
 @dataclass(slots=True)
@@ -161,46 +162,12 @@ class SequenceState:
 
 @dataclass(slots=True)
 class DeepseekV4Metadata:
-    """A step's sequences and the sliding slot of each new token. The index tensors below are
-    the same for every layer of the step: each is built once and kept for the step."""
+    """A step's sequences, the sliding slot of each new token, and the step's gather tables
+    (the same for every layer of the step: each is built once and kept for the step)."""
 
     sequences: list[SequenceState]
     window_slots: torch.Tensor  # (T,)
-    block_size: int
-    csa_entries_per_block: int
-    device: torch.device
-    _built: dict[tuple, torch.Tensor] = field(default_factory=dict)
-
-    def window_slots_of(self, seq: SequenceState, lo: int, hi: int) -> torch.Tensor:
-        """Sliding slots of the sequence's positions [lo, hi) (all inside its window table)."""
-        size, first = self.block_size, seq.first_block
-        return self._once(
-            ("window", id(seq), lo, hi),
-            lambda: [
-                seq.window_block_ids[p // size - first] * size + p % size for p in range(lo, hi)
-            ],
-        )
-
-    def csa_entry_ids(self, seq: SequenceState, lo: int, hi: int) -> torch.Tensor:
-        """Pool rows of CSA entries [lo, hi): entry w lives in the block of token 4w."""
-        per = self.csa_entries_per_block
-        return self._once(
-            ("csa", id(seq), lo, hi),
-            lambda: [seq.block_ids[w // per] * per + w % per for w in range(lo, hi)],
-        )
-
-    def hca_entry_ids(self, seq: SequenceState, lo: int, hi: int, rate: int) -> torch.Tensor:
-        """Pool rows of HCA entries [lo, hi): entry w lives in the block of its last token."""
-        size = self.block_size
-        return self._once(
-            ("hca", id(seq), lo, hi),
-            lambda: [seq.block_ids[(rate * w + rate - 1) // size] for w in range(lo, hi)],
-        )
-
-    def _once(self, key: tuple, ids) -> torch.Tensor:
-        if key not in self._built:
-            self._built[key] = _index(ids()).to(self.device)
-        return self._built[key]
+    tables: StepTables
 
 
 class DeepseekV4MetadataBuilder:
@@ -210,6 +177,7 @@ class DeepseekV4MetadataBuilder:
         check_block_size(config, block_size)
         self.block_size = block_size
         self.csa_entries_per_block = block_size // config.csa_rate
+        self.window = config.sliding_window
         self.device = device
 
     def build(self, full: GroupSpans, sliding: GroupSpans | None) -> DeepseekV4Metadata:
@@ -226,10 +194,7 @@ class DeepseekV4MetadataBuilder:
             )
             for f, s in zip(full.spans, sliding.spans, strict=True)
         ]
-        return DeepseekV4Metadata(
-            sequences,
-            _index(sliding.slot_mapping).to(self.device),
-            self.block_size,
-            self.csa_entries_per_block,
-            self.device,
+        tables = StepTables.build(
+            sequences, self.block_size, self.csa_entries_per_block, self.window, self.device
         )
+        return DeepseekV4Metadata(sequences, _index(sliding.slot_mapping).to(self.device), tables)

@@ -6,6 +6,7 @@ scales.
 - `experts.py`: `Fp4Experts`, a layer's routed experts as one packed tensor per projection;
 - `dequantized.py`: a packed model's values as a dense state dict (reference comparisons).
 
-CPU: dequantize per call (per expert) and compute in fp32. CUDA: the triton kernels of
-`kernels/quantized_matmul.py` (`fp8_block_linear`, `fp4_grouped_matmul`).
+CPU: dequantize per call (the experts a step routes to, together) and compute in fp32.
+CUDA: the triton kernels of `kernels/quantized_matmul.py` (`fp8_block_linear`,
+`fp4_grouped_matmul`).
 """

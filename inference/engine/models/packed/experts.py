@@ -10,9 +10,10 @@ experts this rank holds, not a module per expert:
 `expert_ids` is the contiguous range of the model's experts held here (all of them, or one
 rank's share under expert parallelism); tokens routed elsewhere are another rank's to compute.
 
-CPU: a loop over the experts the step routes to, each dequantized when used and computed in
-fp32 (the output a model holding the dequantized values gives). CUDA: the tokens sorted by
-expert and two launches of triton's `fp4_grouped_matmul` (kernels/quantized_matmul.py).
+CPU: the experts the step routes to dequantized together and computed in fp32 as one grouped
+computation (grouped_experts; the output a model holding the dequantized values gives).
+CUDA: the tokens sorted by expert and two launches of triton's `fp4_grouped_matmul`
+(kernels/quantized_matmul.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.models.grouped_experts import group_by_expert, grouped_swiglu
 from inference.engine.models.packed.formats import FP4_GROUP, check_fp4, dequantize_fp4
 
 PROJECTIONS = ("w1", "w3", "w2")  # DeepSeek's per-expert names: gate, up, down
@@ -101,18 +103,17 @@ class Fp4Experts(nn.Module):
         """The weighted sum over each token's experts held here (others contribute 0)."""
         if x.is_cuda:
             return self._grouped(x, indices, weights)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for expert in indices.unique().tolist():
-            if expert not in self.expert_ids:
-                continue
-            local = expert - self.expert_ids.start
-            tokens, slot = torch.where(indices == expert)
-            gate_up = dequantize_fp4(self.gate_up[local], self.gate_up_scale[local])
-            gate, up = F.linear(x[tokens].float(), gate_up).chunk(2, dim=-1)
-            h = F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
-            down = dequantize_fp4(self.down[local], self.down_scale[local])
-            out.index_add_(0, tokens, F.linear(h, down) * weights[tokens, slot, None].float())
+        groups = group_by_expert(indices, weights, self.expert_ids)
+        size = 3 * self.hidden * self.intermediate
+        out = grouped_swiglu(x, groups, self._dequantized_of, size, self.limit, torch.float32)
         return out.to(x.dtype)
+
+    def _dequantized_of(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 gate_up (G, 2I, D) and down (G, D, I) of the local `experts`."""
+        return (
+            dequantize_fp4(self.gate_up[experts], self.gate_up_scale[experts]),
+            dequantize_fp4(self.down[experts], self.down_scale[experts]),
+        )
 
     def _grouped(self, x, indices, weights) -> torch.Tensor:
         from inference.engine.kernels.quantized_matmul import fp4_grouped_matmul

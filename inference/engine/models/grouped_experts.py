@@ -1,0 +1,85 @@
+"""Routed experts as one grouped computation: the step's (token, slot) pairs routed to the
+experts held here, sorted by expert and padded to (experts hit, most pairs an expert got,
+hidden); gate/up as one batched matmul, SwiGLU with V4's clamp, down as another, then each
+pair's output weighted and summed into its token (index_add).
+
+Dense (moe.Experts) and packed (packed.experts.Fp4Experts) experts share it: they differ only in
+how a group of experts' weights is had (a view, or FP4 dequantized to fp32). The experts hit are
+taken in chunks whose weights stay under WEIGHT_BUDGET values, so a prefill that routes to every
+expert of a large model never materializes all of them at once; a decode step is one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Most weight values (gate/up and down together) one chunk of experts holds at once: 512 MB fp32.
+WEIGHT_BUDGET = 1 << 27
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertGroups:
+    """The pairs routed to the experts held here, sorted by expert (P pairs, G experts hit)."""
+
+    tokens: torch.Tensor  # (P,) each pair's token
+    weights: torch.Tensor  # (P,) each pair's routing weight
+    experts: torch.Tensor  # (G,) the experts hit, local ids, ascending
+    counts: torch.Tensor  # (G,) pairs each got
+    ranks: torch.Tensor  # (P,) each pair's place among its expert's pairs
+
+
+def group_by_expert(
+    indices: torch.Tensor,  # (T, top_k) model-wide expert ids
+    weights: torch.Tensor,  # (T, top_k)
+    expert_ids: range,  # the experts held here
+) -> ExpertGroups:
+    top_k = indices.shape[1]
+    flat = indices.flatten()  # (T · top_k,)
+    held = (flat >= expert_ids.start) & (flat < expert_ids.stop)
+    pairs = held.nonzero().squeeze(1)  # (P,) routed here: other ranks' contribute nothing
+    local, order = torch.sort(flat[pairs] - expert_ids.start, stable=True)
+    pairs = pairs[order]
+    experts, group, counts = torch.unique_consecutive(
+        local, return_inverse=True, return_counts=True
+    )
+    ranks = torch.arange(len(pairs), device=pairs.device) - (counts.cumsum(0) - counts)[group]
+    return ExpertGroups(pairs // top_k, weights.flatten()[pairs], experts, counts, ranks)
+
+
+def grouped_swiglu(
+    x: torch.Tensor,  # (T, hidden)
+    groups: ExpertGroups,
+    weights_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    expert_size: int,  # weight values an expert holds (gate/up and down)
+    limit: float,
+    dtype: torch.dtype,  # what the matmuls compute in
+) -> torch.Tensor:
+    """(T, hidden) in `dtype`: Σ over each token's pairs of weight · down(SwiGLU(gate_up(x))).
+    `weights_of(experts)` gives those experts' gate_up (G, 2I, hidden) and down (G, hidden, I)."""
+    out = torch.zeros(x.shape, dtype=dtype, device=x.device)
+    num_hit = len(groups.experts)
+    if num_hit == 0:
+        return out
+    per_chunk = max(1, WEIGHT_BUDGET // expert_size)
+    pair_starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
+    for lo in range(0, num_hit, per_chunk):  # one chunk at decode sizes
+        hi = min(lo + per_chunk, num_hit)
+        pairs = slice(pair_starts[lo], pair_starts[hi])
+        counts = groups.counts[lo:hi]
+        capacity = int(counts.max())
+        group = torch.repeat_interleave(torch.arange(hi - lo, device=x.device), counts)
+        places = group * capacity + groups.ranks[pairs]  # (P,) rows of the padded batch
+        tokens = groups.tokens[pairs]
+        rows = x.new_zeros((hi - lo) * capacity, x.shape[1], dtype=dtype)
+        rows[places] = x[tokens].to(dtype)
+        gate_up, down = weights_of(groups.experts[lo:hi])
+        h = torch.bmm(rows.view(hi - lo, capacity, -1), gate_up.to(dtype).transpose(1, 2))
+        gate, up = h.chunk(2, dim=-1)  # (G, C, I) each
+        h = F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+        y = torch.bmm(h, down.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
+        out.index_add_(0, tokens, y * groups.weights[pairs, None].to(dtype))
+    return out
