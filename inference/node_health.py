@@ -316,11 +316,11 @@ class HeartbeatPublisher:
 
     def heartbeats(self) -> list[NodeHeartbeat]:
         """What this worker reports now, one heartbeat per node."""
-        from inference.runtime import engine_get, engine_is_loaded
+        from inference.runtime import engine_get, engine_is_loaded, engine_settings
 
         stats = engine_get().stats() if engine_is_loaded() else None
         keys = self._served.keys()
-        model = settings.INFERENCE_ENGINE.get("model", "")
+        model = engine_settings().get("model", "")
         now = time.time()
         return [
             NodeHeartbeat(
