@@ -38,7 +38,7 @@ class CompletionRequest:
     # The engine's scheduling class (vLLM's priority): lower is served first.
     priority: int = 0
     # Any stable string that keeps related requests on one node while nothing else changes
-    # (the town passes one per resident; inference/routing.py: rendezvous hashing); routing
+    # (the town passes one per resident; inference/node_routing.py: rendezvous hashing); routing
     # reads it, the engine never does. None: no affinity.
     affinity_key: str | None = None
 

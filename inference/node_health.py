@@ -1,7 +1,7 @@
 """Node health: every node worker publishes a heartbeat (its engine's live load and the prompt
 prefixes it served lately); a node whose workers have all been silent for
-settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/routing.py), the tick loop's failover,
-the admin's node list and /metrics read the same NodeStates.
+settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/node_routing.py), the tick loop's
+failover, the admin's node list and /metrics read the same NodeStates.
 
 A worker (inference/worker.py starts `HeartbeatPublisher` when it is ready) writes one
 NodeHeartbeat per node it consumes every settings.INFERENCE_HEARTBEAT_INTERVAL_S, and at once

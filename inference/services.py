@@ -7,9 +7,9 @@ an affinity key) and get back a Completion: text, token ids and CompletionMetric
 types whichever backend answered (inference/completion.py); `on_text` receives the text as it is
 decoded (streaming). Where a request goes is decided here too (`completion_route`, in the tick
 loop's process; the node's worker then runs `completion_generate`): the policy's Router
-(inference/routing.py) over the nodes' states (inference/node_health.py), matching the request's
-prompt prefixes (inference/prefixes.py: hashed there and only there) against what each node
-served.
+(inference/node_routing.py) over the nodes' states (inference/node_health.py), matching the
+request's prompt prefixes (inference/prefixes.py: hashed there and only there) against what each
+node served.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from inference.completion import Completion, CompletionMetrics, CompletionReques
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.metrics import metrics_record
 from inference.node_health import NodeState, heartbeat_store, node_states
+from inference.node_routing import BalanceThresholds, RouteChoice, Router, RouteRequest
 from inference.prefixes import PromptPrefix, prompt_prefixes, served_prefixes
 from inference.remote import remote_generate, remote_is_configured
-from inference.routing import BalanceThresholds, RouteChoice, Router, RouteRequest
 from inference.runtime import (
     EngineProfile,
     engine_configured,

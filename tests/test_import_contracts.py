@@ -144,7 +144,7 @@ def test_the_core_walk_sees_relative_and_absolute_imports(tmp_path):
 # What the town must not import: routing's internals, the engine and the engine's slot in this
 # process (inference/services.py is its door); each name also forbids the modules under it.
 TOWN_FORBIDDEN = (
-    "inference.routing",
+    "inference.node_routing",
     "inference.prefixes",
     "inference.engine",
     "inference.runtime",
@@ -174,9 +174,9 @@ def test_the_town_never_imports_routing_internals_or_the_engine():
 def test_the_town_import_walk_sees_every_spelling(tmp_path):
     town_dir = tmp_path / "town"
     (town_dir / "services").mkdir(parents=True)
-    (town_dir / "a.py").write_text("from inference.routing import Router\n")
+    (town_dir / "a.py").write_text("from inference.node_routing import Router\n")
     (town_dir / "b.py").write_text("from inference import prefixes\n")
-    (town_dir / "c.py").write_text("def f():\n    import inference.routing\n")
+    (town_dir / "c.py").write_text("def f():\n    import inference.node_routing\n")
     (town_dir / "services" / "d.py").write_text("from inference.engine.config import X\n")
     (town_dir / "e.py").write_text("from inference.services import completion_route\n")
     found = town_importers(town_dir, TOWN_FORBIDDEN)

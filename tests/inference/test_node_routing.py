@@ -1,4 +1,4 @@
-"""The routing policies on crafted node states (inference/routing.py), the prompt prefix keys
+"""The routing policies on crafted node states (inference/node_routing.py), the prompt prefix keys
 they match on (inference/prefixes.py), how heartbeats become node states
 (inference/node_health.py), and the services the town routes through (inference/services.py)."""
 
@@ -10,8 +10,8 @@ import pytest
 
 from inference.completion import CompletionRequest
 from inference.node_health import NodeHeartbeat, NodeState, node_states_from
+from inference.node_routing import POLICIES, BalanceThresholds, Router, RouteRequest
 from inference.prefixes import ServedPrefixes, prompt_prefixes
-from inference.routing import POLICIES, BalanceThresholds, Router, RouteRequest
 from inference.services import completion_node_replacement, completion_route
 from town.models import Run
 
