@@ -26,7 +26,7 @@ def inference_settings_check(app_configs: object, **kwargs: object) -> list[Erro
 
 def routing_settings_problems() -> list[str]:
     """What is wrong with the routing and heartbeat settings; empty when they are usable."""
-    from inference.routing import POLICIES, BalanceThresholds
+    from inference.node_routing import POLICIES, BalanceThresholds
 
     problems = []
     if settings.INFERENCE_ROUTING_POLICY not in POLICIES:

@@ -37,12 +37,20 @@ class CompletionRequest:
     cache_salt: str | None = None
     # The engine's scheduling class (vLLM's priority): lower is served first.
     priority: int = 0
+    # Any stable string that keeps related requests on one node while nothing else changes
+    # (the town passes one per resident; inference/node_routing.py: rendezvous hashing); routing
+    # reads it, the engine never does. None: no affinity.
+    affinity_key: str | None = None
 
     def __post_init__(self) -> None:
         messages_check(self.messages)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise CompletionInputError(
                 f"priority must be an int (lower is served first), got {self.priority!r}"
+            )
+        if self.affinity_key is not None and not isinstance(self.affinity_key, str):
+            raise CompletionInputError(
+                f"affinity_key must be a string or None, got {self.affinity_key!r}"
             )
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise CompletionInputError(
@@ -61,6 +69,7 @@ class CompletionRequest:
             "stop": self.stop,
             "cache_salt": self.cache_salt,
             "priority": self.priority,
+            "affinity_key": self.affinity_key,
         }
 
     @classmethod

@@ -21,7 +21,7 @@ from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inference.engine.metrics import EngineStats
-from inference.runtime import engine_get, engine_is_loaded
+from inference.runtime import engine_get, engine_is_loaded, engine_settings
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def stats_snapshot(stats: EngineStats) -> dict[str, float]:
 
 
 def engine_stats_publish(client: redis.Redis, *, engine_name: str) -> None:
-    snapshot = {**engine_stats_snapshot(), "model_name": settings.INFERENCE_ENGINE["model"]}
+    snapshot = {**engine_stats_snapshot(), "model_name": engine_settings()["model"]}
     key = _key_prefix() + engine_name
     ttl_s = max(1, round(settings.INFERENCE_STATS_INTERVAL_S * TTL_INTERVALS))
     pipe = client.pipeline(transaction=True)

@@ -1,7 +1,7 @@
 """Node health: every node worker publishes a heartbeat (its engine's live load and the prompt
 prefixes it served lately); a node whose workers have all been silent for
-settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/routing.py), the tick loop's failover,
-the admin's node list and /metrics read the same NodeStates.
+settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/node_routing.py), the tick loop's
+failover, the admin's node list and /metrics read the same NodeStates.
 
 A worker (inference/worker.py starts `HeartbeatPublisher` when it is ready) writes one
 NodeHeartbeat per node it consumes every settings.INFERENCE_HEARTBEAT_INTERVAL_S, and at once
@@ -316,11 +316,11 @@ class HeartbeatPublisher:
 
     def heartbeats(self) -> list[NodeHeartbeat]:
         """What this worker reports now, one heartbeat per node."""
-        from inference.runtime import engine_get, engine_is_loaded
+        from inference.runtime import engine_get, engine_is_loaded, engine_settings
 
         stats = engine_get().stats() if engine_is_loaded() else None
         keys = self._served.keys()
-        model = settings.INFERENCE_ENGINE.get("model", "")
+        model = engine_settings().get("model", "")
         now = time.time()
         return [
             NodeHeartbeat(

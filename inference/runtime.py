@@ -3,6 +3,11 @@
 This is the one place Django settings become an EngineConfig. A worker's threads all share the
 engine, so the decisions they run at once are batched by its loop. The engine is imported only
 when first needed: the web server and management commands never load torch or the model.
+
+For a block of work (the experiment's steps, a test that needs an empty cache) the engine is
+built afresh with overrides on top of the settings (`engine_configured`); the overrides live
+here, beside the engine, and never in Django's settings: `engine_settings` is what is in effect.
+What the Django side may know of the live engine is an `EngineProfile`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -24,11 +30,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def engine_settings() -> Any:
+    """The engine arguments in effect in this process: settings.INFERENCE_ENGINE, with the
+    overrides of the `engine_configured` block running, if one is, on top."""
+    return _slot.settings()
+
+
 def engine_config_from_settings() -> EngineConfig:
-    """settings.INFERENCE_ENGINE as an EngineConfig, or ImproperlyConfigured saying what to fix."""
+    """The engine arguments in effect (`engine_settings`) as an EngineConfig, or
+    ImproperlyConfigured saying what to fix."""
     from inference.engine.config import EngineConfig
 
-    kwargs = settings.INFERENCE_ENGINE
+    kwargs = engine_settings()
     if not isinstance(kwargs, dict):
         raise ImproperlyConfigured(
             "INFERENCE_ENGINE must be a dict of EngineConfig arguments, "
@@ -61,6 +74,25 @@ class _EngineSlot:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._engine: LLMEngine | None = None
+        self._overrides: dict[str, Any] | None = None  # an engine_configured block's
+
+    def settings(self) -> Any:
+        base, overrides = settings.INFERENCE_ENGINE, self._overrides
+        if overrides is None or not isinstance(base, dict):
+            return base
+        return {**base, **overrides}
+
+    def configure(self, overrides: dict[str, Any]) -> dict[str, Any] | None:
+        """Put `overrides` on top of those in effect, for the next engine built; returns those
+        in effect before, for `restore`."""
+        with self._lock:
+            previous = self._overrides
+            self._overrides = {**(previous or {}), **overrides}
+        return previous
+
+    def restore(self, overrides: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._overrides = overrides
 
     def get(self) -> LLMEngine:
         engine = self._engine
@@ -101,8 +133,7 @@ class _EngineSlot:
                 " (POKOMACHI_KV_DISK_DIR=off turns the disk tier off)" if "kv_" in str(exc) else ""
             )
             raise ImproperlyConfigured(
-                f"the engine could not load with INFERENCE_ENGINE={settings.INFERENCE_ENGINE}: "
-                f"{exc}{hint}"
+                f"the engine could not load with INFERENCE_ENGINE={engine_settings()}: {exc}{hint}"
             ) from exc
         logger.info(
             "engine loaded: model=%s device=%s in %.1f s",
@@ -134,17 +165,46 @@ def engine_shutdown() -> None:
 
 @contextlib.contextmanager
 def engine_configured(**overrides: Any) -> Iterator[LLMEngine]:
-    """This process's engine, built afresh with `overrides` on top of INFERENCE_ENGINE, for the
-    duration of the block (the experiment runs each step on its own engine: its own retention
-    interval, an empty cache: the KV tiers are off unless `overrides` turn them on, or the disk
-    would hand one step the blocks of the step before). Afterwards the engine is shut down and
-    the settings restored."""
-    saved = settings.INFERENCE_ENGINE
-    engine_shutdown()
+    """This process's engine, built afresh with `overrides` (EngineConfig arguments) on top of
+    INFERENCE_ENGINE, for the duration of the block (the experiment runs each step on its own
+    engine: its own retention interval, an empty cache: the KV tiers are off unless `overrides`
+    turn them on, or the disk would hand one step the blocks of the step before). Afterwards
+    the engine is shut down, and the next one is built as before the block. Django's settings
+    are never touched: `engine_settings` says what is in effect meanwhile."""
     empty = {"kv_disk_cache_dir": None, "kv_host_cache_bytes": 0}
-    settings.INFERENCE_ENGINE = {**saved, **empty, **overrides}
+    previous = _slot.configure({**empty, **overrides})
+    engine_shutdown()
     try:
         yield engine_get()
     finally:
         engine_shutdown()
-        settings.INFERENCE_ENGINE = saved
+        _slot.restore(previous)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """What the Django side may know of this process's engine: its model, and whether some of
+    its layers attend over a window (without them the retention interval changes nothing)."""
+
+    model: str
+    has_sliding_window_layers: bool
+
+
+def engine_profile() -> EngineProfile:
+    """The profile of this process's engine (built now if it is not yet)."""
+    engine = engine_get()
+    return EngineProfile(
+        model=engine.config.model,
+        has_sliding_window_layers=engine.has_sliding_window_layers,
+    )
+
+
+def engine_prompt_token_ids(messages: list[dict[str, Any]]) -> list[int]:
+    """The token ids of a chat prompt (with the generation prompt), by this process's engine's
+    tokenizer and chat template."""
+    return list(engine_get().tokenizer.apply_chat_template(messages))
+
+
+def engine_num_text_tokens(text: str) -> int:
+    """How many tokens this process's engine's tokenizer makes of plain `text`."""
+    return len(engine_get().tokenizer.encode(text))

@@ -1,10 +1,15 @@
-"""The one interface the town uses: generate a completion on this process's engine, or on an
-external OpenAI-compatible server when one is configured (inference/remote.py).
+"""The one interface the town uses: route completions to the fleet's nodes, and generate one on
+this process's engine, or on an external OpenAI-compatible server when one is configured
+(inference/remote.py).
 
-Callers (the town's Celery task, running inside a node's worker) pass a CompletionRequest (chat
-messages, an optional JSON schema, sampling parameters) and get back a Completion: text, token
-ids and CompletionMetrics, the same types whichever backend answered (inference/completion.py);
-`on_text` receives the text as it is decoded (streaming).
+Callers pass a CompletionRequest (chat messages, an optional JSON schema, sampling parameters,
+an affinity key) and get back a Completion: text, token ids and CompletionMetrics, the same
+types whichever backend answered (inference/completion.py); `on_text` receives the text as it is
+decoded (streaming). Where a request goes is decided here too (`completion_route`, in the tick
+loop's process; the node's worker then runs `completion_generate`): the policy's Router
+(inference/node_routing.py) over the nodes' states (inference/node_health.py), matching the
+request's prompt prefixes (inference/prefixes.py: hashed there and only there) against what each
+node served.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -21,18 +26,36 @@ from django.conf import settings
 from inference.completion import Completion, CompletionMetrics, CompletionRequest, messages_check
 from inference.errors import CompletionInputError, CompletionTimeoutError
 from inference.metrics import metrics_record
-from inference.prefixes import prompt_prefixes, served_prefixes
+from inference.node_health import NodeState, heartbeat_store, node_states
+from inference.node_routing import BalanceThresholds, RouteChoice, Router, RouteRequest
+from inference.prefixes import PromptPrefix, prompt_prefixes, served_prefixes
 from inference.remote import remote_generate, remote_is_configured
-from inference.runtime import engine_get
+from inference.runtime import (
+    EngineProfile,
+    engine_configured,
+    engine_get,
+    engine_num_text_tokens,
+    engine_profile,
+    engine_prompt_token_ids,
+    engine_settings,
+)
 
 __all__ = [
     "Completion",
     "CompletionMetrics",
     "CompletionRequest",
+    "EngineProfile",
+    "RouteChoice",
+    "completion_engine_configured",
     "completion_generate",
     "completion_head_unpin",
     "completion_head_warm",
     "completion_model",
+    "completion_node_replacement",
+    "completion_num_text_tokens",
+    "completion_prompt_token_ids",
+    "completion_retention_interval",
+    "completion_route",
     "completion_schemas_warm",
     "completion_schemas_warm_start",
 ]
@@ -45,7 +68,13 @@ def completion_model() -> str:
     configured (POKOMACHI_OPENAI_MODEL), else the engine's (POKOMACHI_MODEL)."""
     if remote_is_configured():
         return settings.INFERENCE_OPENAI["model"]
-    return settings.INFERENCE_ENGINE["model"]
+    return engine_settings()["model"]
+
+
+def completion_retention_interval() -> int | None:
+    """The retention interval this process's engine is built with (the nodes' engines use the
+    same: env POKOMACHI_RETENTION_INTERVAL); None, the window kept at every block."""
+    return engine_settings().get("retention_interval")
 
 
 def completion_generate(
@@ -110,10 +139,10 @@ def _engine_generate(
     except TimeoutError as exc:
         raise CompletionTimeoutError(str(exc)) from exc
     # What this node now holds, for its heartbeat (inference/prefixes.py says how approximate).
-    served_prefixes().record(prompt_prefixes(messages, request.cache_salt))
+    served_prefixes().record(_request_prefixes(request))
     metrics = CompletionMetrics.from_request_metrics(output.metrics)
     metrics_record(
-        model=settings.INFERENCE_ENGINE["model"],
+        model=engine_settings()["model"],
         metrics=metrics,
         finish_reason=output.finish_reason,
     )
@@ -195,3 +224,84 @@ def completion_head_unpin(*, handle: int) -> None:
         engine_get().unpin(handle)
     except ValueError as exc:
         raise CompletionInputError(str(exc)) from exc
+
+
+def _request_prefixes(request: CompletionRequest) -> list[PromptPrefix]:
+    return prompt_prefixes(request.messages, request.cache_salt)
+
+
+def _route_request(request: CompletionRequest, position: int) -> RouteRequest:
+    return RouteRequest(
+        prefixes=tuple(_request_prefixes(request)),
+        affinity_key=request.affinity_key or "",
+        position=position,
+    )
+
+
+def _router(*, policy: str, states: Sequence[NodeState], num_requests: int) -> Router:
+    first_turn = 0
+    if policy == "round_robin" and any(s.is_up for s in states):
+        # The deployment's one counter: this batch takes the next num_requests turns.
+        first_turn = heartbeat_store().turn("round_robin", by=num_requests) - num_requests
+    return Router(
+        policy=policy,
+        states=states,
+        thresholds=BalanceThresholds(
+            abs=settings.INFERENCE_ROUTING_BALANCE_ABS, rel=settings.INFERENCE_ROUTING_BALANCE_REL
+        ),
+        first_turn=first_turn,
+    )
+
+
+def completion_route(
+    *,
+    requests: Sequence[CompletionRequest],
+    nodes: Sequence[str],
+    policy: str,
+    states: Sequence[NodeState] | None = None,
+) -> list[RouteChoice]:
+    """The node each request goes to, by `policy` over `nodes` (their live states, read now
+    unless `states` are given), the requests routed together in order: what goes to a node
+    counts as its load for the requests after it, and a request's position is its place in
+    `requests` (the `fixed` policy's rule)."""
+    states = node_states(nodes) if states is None else states
+    router = _router(policy=policy, states=states, num_requests=len(requests))
+    return [router.route(_route_request(request, i)) for i, request in enumerate(requests)]
+
+
+def completion_node_replacement(
+    *,
+    request: CompletionRequest,
+    node: str,
+    policy: str,
+    states: Sequence[NodeState],
+    position: int,
+) -> str | None:
+    """A live node for a request sent to `node`, which is down: routed alone by `policy` over
+    the nodes of `states` still up (`position`: its place for the `fixed` rule). None when
+    `node` is up, or when no node is (then it waits for its own)."""
+    live = [s for s in states if s.is_up]
+    if not live or any(s.node == node for s in live):
+        return None
+    router = _router(policy=policy, states=live, num_requests=1)
+    return router.route(_route_request(request, position)).node
+
+
+@contextlib.contextmanager
+def completion_engine_configured(*, overrides: Mapping[str, Any]) -> Iterator[EngineProfile]:
+    """Completions of this process, for the duration of the block, on an engine built afresh
+    with `overrides` (EngineConfig arguments) on top of the deployment's, its caches empty
+    (inference/runtime.py: engine_configured); yields its profile. Meanwhile completion_model,
+    completion_retention_interval and the token counts below answer for it."""
+    with engine_configured(**overrides):
+        yield engine_profile()
+
+
+def completion_prompt_token_ids(*, messages: list[dict[str, Any]]) -> list[int]:
+    """A chat prompt's token ids (with the generation prompt), by this process's engine."""
+    return engine_prompt_token_ids(messages)
+
+
+def completion_num_text_tokens(*, text: str) -> int:
+    """How many tokens this process's engine makes of plain `text`."""
+    return engine_num_text_tokens(text)

@@ -3,7 +3,11 @@ nothing of the Django side, and nothing of the product imports the benchmarks be
 (benchmarks/ imports the engine, never the reverse): the import-linter contracts in
 pyproject.toml, checked here, and a plain walk over their files for what the contracts cannot
 see (an import inside a function is seen by both; an import of a sibling package added later is
-caught by the walk)."""
+caught by the walk).
+
+The town asks inference through its door (inference/services.py): it never imports the fleet's
+routing internals (the router, the prompt prefix keys) nor the engine, and it never rewrites
+Django settings at run time (an engine for a block of work goes through inference too)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import inference
 import inference.engine
+import town
 import town.rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,3 +146,112 @@ def test_the_core_walk_sees_relative_and_absolute_imports(tmp_path):
     found = core_importers(engine_dir, ["kv", "request.py"])
     found = {Path(path).name: modules for path, modules in found.items()}
     assert set(found) == {"a.py", "b.py", "c.py", "d.py", "request.py"}
+
+
+# What the town must not import: routing's internals, the engine and the engine's slot in this
+# process (inference/services.py is its door); each name also forbids the modules under it.
+TOWN_FORBIDDEN = (
+    "inference.node_routing",
+    "inference.prefixes",
+    "inference.engine",
+    "inference.runtime",
+)
+
+
+def town_importers(town_dir: Path, forbidden: tuple[str, ...]) -> dict:
+    found = {}
+    for path in sorted(town_dir.rglob("*.py")):
+        name = path.relative_to(town_dir.parent)
+        package = ".".join(name.parts[:-1])
+        bad = sorted(
+            m
+            for m in absolute_imports(path, package)
+            if any(m == f or m.startswith(f + ".") for f in forbidden)
+        )
+        if bad:
+            found[str(name)] = bad
+    return found
+
+
+def test_the_town_never_imports_routing_internals_or_the_engine():
+    town_dir = Path(town.__file__).parent
+    assert town_importers(town_dir, TOWN_FORBIDDEN) == {}
+
+
+def test_the_town_import_walk_sees_every_spelling(tmp_path):
+    town_dir = tmp_path / "town"
+    (town_dir / "services").mkdir(parents=True)
+    (town_dir / "a.py").write_text("from inference.node_routing import Router\n")
+    (town_dir / "b.py").write_text("from inference import prefixes\n")
+    (town_dir / "c.py").write_text("def f():\n    import inference.node_routing\n")
+    (town_dir / "services" / "d.py").write_text("from inference.engine.config import X\n")
+    (town_dir / "e.py").write_text("from inference.services import completion_route\n")
+    found = town_importers(town_dir, TOWN_FORBIDDEN)
+    assert set(found) == {"town/a.py", "town/b.py", "town/c.py", "town/services/d.py"}
+
+
+def _is_settings(node: ast.expr) -> bool:
+    """`settings`, `django.conf.settings`, or something reached through them (settings.X[k])."""
+    while isinstance(node, ast.Subscript | ast.Attribute):
+        if isinstance(node, ast.Attribute) and node.attr == "settings":
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "settings"
+
+
+def settings_writes(path: Path) -> list[int]:
+    """Lines of `path` that assign, delete or setattr Django settings (or what they hold)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+            and _is_settings(node.args[0])
+        ):
+            lines.append(node.lineno)
+        if any(isinstance(t, ast.Attribute | ast.Subscript) and _is_settings(t) for t in targets):
+            lines.append(node.lineno)
+    return lines
+
+
+# A benchmark (python -m town.bench.routing) adds its nodes to its own process's
+# INFERENCE_NODES; it is not product code, and this exception goes when it joins benchmarks/.
+SETTINGS_WRITERS_ALLOWED = {"town/bench/routing.py"}
+
+
+def test_the_town_and_inference_never_assign_django_settings_at_run_time():
+    """An engine for a block of work is inference's to configure (inference/runtime.py:
+    engine_configured), beside the engine, never by rewriting INFERENCE_ENGINE."""
+    package_dirs = [Path(town.__file__).parent, Path(inference.__file__).parent]
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for package_dir in package_dirs
+        for path in sorted(package_dir.rglob("*.py"))
+        if (lines := settings_writes(path))
+    }
+    assert {p: lines for p, lines in found.items() if p not in SETTINGS_WRITERS_ALLOWED} == {}
+
+
+def test_the_settings_walk_sees_every_spelling(tmp_path):
+    writes = {
+        "settings.INFERENCE_ENGINE = {}": True,
+        "settings.INFERENCE_ENGINE['model'] = 'x'": True,
+        "settings.INFERENCE_NODES += ['a']": True,
+        "django.conf.settings.X = 1": True,
+        "setattr(settings, 'X', 1)": True,
+        "del settings.X": True,
+        "x = settings.INFERENCE_ENGINE": False,
+        "engine = {**settings.INFERENCE_ENGINE}": False,
+        "options.settings_name = 1": False,
+    }
+    for line, is_write in writes.items():
+        path = tmp_path / "a.py"
+        path.write_text(f"def f():\n    {line}\n")
+        assert bool(settings_writes(path)) == is_write, line

@@ -306,7 +306,7 @@ INFERENCE_HEARTBEAT_KEEP_S = 3600.0
 INFERENCE_HEARTBEAT_STORE = env_str("POKOMACHI_HEARTBEAT_STORE", "redis")
 # How many prompt prefixes (cache breakpoints) a heartbeat lists: the most recently served.
 INFERENCE_HEARTBEAT_PREFIXES = env_int("POKOMACHI_HEARTBEAT_PREFIXES", 256, low=0, high=100_000)
-# Routing (inference/routing.py): the policy a run gets unless it names its own (cache_aware,
+# Routing (inference/node_routing.py): the policy a run gets unless it names its own (cache_aware,
 # round_robin or fixed), and when cache affinity yields to load: the live nodes' loads are
 # imbalanced when max - min > ABS and max > REL x min (SGLang's router's two thresholds).
 INFERENCE_ROUTING_POLICY = env_str("POKOMACHI_ROUTING", "cache_aware")

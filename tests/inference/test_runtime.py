@@ -76,7 +76,7 @@ def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
 
 
 def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(settings, tmp_path):
-    from inference.runtime import engine_configured
+    from inference.runtime import engine_configured, engine_settings
 
     settings.INFERENCE_ENGINE = {
         "model": "smollm2-tiny-random",
@@ -85,6 +85,11 @@ def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(
     }
     with engine_configured(num_kv_blocks=64) as engine:
         assert engine.offloader is None  # the experiment's steps must not share blocks
+        # In effect for this engine, beside it; Django's settings are left alone.
+        assert engine_settings()["kv_disk_cache_dir"] is None
+        assert engine_settings()["num_kv_blocks"] == 64
+        assert settings.INFERENCE_ENGINE["kv_disk_cache_dir"] == str(tmp_path)
+        assert "num_kv_blocks" not in settings.INFERENCE_ENGINE
     with engine_configured(num_kv_blocks=64, kv_disk_cache_dir=str(tmp_path)) as engine:
         assert engine.offloader is not None and engine.offloader.disk is not None
     assert settings.INFERENCE_ENGINE["kv_disk_cache_dir"] == str(tmp_path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.runtime import engine_get
 from inference.tokens import chat_token_counts
 from tests.town.factories import run_factory
 from town.demo import demo_town_create
@@ -73,9 +72,7 @@ def test_a_run_with_a_diary_and_fewer_residents():
 
 def test_scaling_measures_the_shared_head_with_the_engine_tokenizer():
     town = demo_town_create(seed=0)
-    scaling = experiment_scaling(
-        engine=engine_get(), town=town, num_residents=3, seed=0, scale=None
-    )
+    scaling = experiment_scaling(town=town, num_residents=3, seed=0, scale=None)
     assert Run.objects.count() == 0  # the probe run was rolled back
     assert 200 < scaling.head_tokens < scaling.prompt_tokens_before
     assert scaling.scale == pytest.approx(scaling.head_tokens / 2247)

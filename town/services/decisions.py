@@ -305,6 +305,27 @@ def decision_cache_salt(run) -> str:
     return run_cache_salt(run.pk)
 
 
+def decision_completion_request(
+    *, decision: Decision, run: Run, seed: int | None
+) -> CompletionRequest:
+    """What the decision asks inference: its prompt and schema, the run's sampling, and the
+    resident as its affinity key (routing keeps a resident on its node: services/routes.py).
+    CompletionInputError if the stored prompt is not one."""
+    return CompletionRequest(
+        messages=decision.messages,
+        json_schema=decision.json_schema,
+        max_tokens=run.max_tokens,
+        temperature=run.temperature,
+        seed=seed,
+        # Runs do not share cached prefixes, so each run's numbers are its own.
+        cache_salt=decision_cache_salt(run),
+        priority=(
+            settings.INFERENCE_PRIORITY_TICK if decision.priority is None else decision.priority
+        ),
+        affinity_key=f"resident:{decision.resident_id}",
+    )
+
+
 def decision_compute(*, decision_id: int, worker: str = "", send: int = 1) -> bool:
     """Run the decision's prompt on this process's engine and store output and metrics.
 
@@ -324,19 +345,9 @@ def _decision_compute_claimed(*, decision_id: int, worker: str, send: int) -> bo
     decision = _decision_begin(decision_id=decision_id, worker=worker, send=send)
     if decision is None:
         return False
-    run = decision.run
     try:
-        request = CompletionRequest(
-            messages=decision.messages,
-            json_schema=decision.json_schema,
-            max_tokens=run.max_tokens,
-            temperature=run.temperature,
-            seed=_decision_seed(decision),
-            # Runs do not share cached prefixes, so each run's numbers are its own.
-            cache_salt=decision_cache_salt(run),
-            priority=(
-                settings.INFERENCE_PRIORITY_TICK if decision.priority is None else decision.priority
-            ),
+        request = decision_completion_request(
+            decision=decision, run=decision.run, seed=_decision_seed(decision)
         )
         completion = completion_generate(request=request, timeout_s=_decision_time_left(decision))
     except CompletionInputError as exc:

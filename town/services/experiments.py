@@ -16,8 +16,13 @@ from typing import Any
 
 from django.db import transaction
 
-from inference.runtime import engine_configured
-from inference.services import completion_head_unpin, completion_head_warm
+from inference.services import (
+    completion_engine_configured,
+    completion_head_unpin,
+    completion_head_warm,
+    completion_num_text_tokens,
+    completion_prompt_token_ids,
+)
 from town.errors import TownError
 from town.models import Run, Tick, Town
 from town.rules.diary import diary_lines
@@ -123,19 +128,21 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def experiment_scaling(
-    *, engine: Any, town: Town, num_residents: int, seed: int, scale: float | None
+    *, town: Town, num_residents: int, seed: int, scale: float | None
 ) -> Scaling:
-    """Measure our step-2 head and prompt with the engine's tokenizer; derive the scaling.
+    """Measure our step-2 head and prompt with this process's engine's tokenizer; derive the
+    scaling.
 
     Uses a probe run that is rolled back: nothing is stored."""
-    tokenize = engine.tokenizer.apply_chat_template
     with transaction.atomic():
         probe = run_create(town=town, layout="shared_rules", seed=seed, num_residents=num_residents)
         world = world_load(run=probe, tick_index=0)
         transaction.set_rollback(True)
     residents = world.residents[:2]
     ids = [
-        tokenize(prompt_build(world=world, resident=r, layout="shared_rules").messages)
+        completion_prompt_token_ids(
+            messages=prompt_build(world=world, resident=r, layout="shared_rules").messages
+        )
         for r in residents
     ]
     head = _common_prefix(ids[0], ids[1])
@@ -143,7 +150,7 @@ def experiment_scaling(
     scale = scale if scale is not None else head / TALK_HEAD_TOKENS
     # Characters per token of diary text, measured on a sample of it.
     sample = "\n".join(diary_lines(world=world, resident=residents[0], seed=seed, num_chars=4000))
-    chars_per_token = len(sample) / max(1, len(engine.tokenizer.encode(sample)))
+    chars_per_token = len(sample) / max(1, completion_num_text_tokens(text=sample))
     missing = max(0, round(TALK_PROMPT_TOKENS * scale) - prompt)
     return Scaling(
         scale=scale,
@@ -224,12 +231,8 @@ def experiment_run(
         )
     say = progress or (lambda text: None)
     base: dict[str, Any] = {"model": model} if model else {}
-    with engine_configured(**base) as engine:
-        scaling = experiment_scaling(
-            engine=engine, town=town, num_residents=num_residents, seed=seed, scale=scale
-        )
-        has_sliding = engine.has_sliding_window_layers
-        model_name = engine.config.model
+    with completion_engine_configured(overrides=base) as profile:
+        scaling = experiment_scaling(town=town, num_residents=num_residents, seed=seed, scale=scale)
     say(scaling.describe())
     results = []
     for step in steps:
@@ -237,7 +240,8 @@ def experiment_run(
         # token): our engine's answer to the retention grid, at the memory cost vLLM's interval
         # exists to avoid.
         interval = None if step.best_engine else scaling.interval(step.talk_interval)
-        with engine_configured(**base, retention_interval=interval, **_features(step)):
+        overrides = {**base, "retention_interval": interval, **_features(step)}
+        with completion_engine_configured(overrides=overrides):
             run = run_create(
                 town=town,
                 layout=step.layout,
@@ -254,4 +258,4 @@ def experiment_run(
             )
             run = _run_ticks(run=run, ticks=ticks, warm_head=step.best_engine)
             results.append(StepResult(step, run, interval))
-    return Experiment(model_name, has_sliding, scaling, results)
+    return Experiment(profile.model, profile.has_sliding_window_layers, scaling, results)

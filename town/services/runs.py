@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from inference.errors import UnknownNodeError
 from inference.nodes import node_names, node_require
-from inference.services import completion_model
+from inference.services import completion_model, completion_retention_interval
 from town import events
 from town.errors import RunStateError, TownError
 from town.models import DEFAULT_TEMPERATURE, Resident, ResidentState, Run, Town
@@ -29,7 +29,7 @@ def served_model() -> str:
 
 def served_retention_interval() -> int | None:
     """The retention interval the nodes' engines use (env POKOMACHI_RETENTION_INTERVAL)."""
-    return settings.INFERENCE_ENGINE.get("retention_interval")
+    return completion_retention_interval()
 
 
 def default_decision_timeout_s() -> float:

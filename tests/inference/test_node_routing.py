@@ -1,6 +1,6 @@
-"""The routing policies on crafted node states (inference/routing.py), the prompt prefix keys
-they match on (inference/prefixes.py), and how heartbeats become node states
-(inference/node_health.py)."""
+"""The routing policies on crafted node states (inference/node_routing.py), the prompt prefix keys
+they match on (inference/prefixes.py), how heartbeats become node states
+(inference/node_health.py), and the services the town routes through (inference/services.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from collections import Counter
 
 import pytest
 
+from inference.completion import CompletionRequest
 from inference.node_health import NodeHeartbeat, NodeState, node_states_from
+from inference.node_routing import POLICIES, BalanceThresholds, Router, RouteRequest
 from inference.prefixes import ServedPrefixes, prompt_prefixes
-from inference.routing import POLICIES, BalanceThresholds, Router, RouteRequest
+from inference.services import completion_node_replacement, completion_route
 from town.models import Run
 
 SHARED = {"role": "system", "content": "rules " * 100, "cache": True}
@@ -193,3 +195,37 @@ def test_manage_py_check_names_bad_routing_settings(settings):
     assert "POKOMACHI_ROUTING='random': use one of cache_aware, round_robin, fixed" in problems
     assert "relative balance threshold must be ≥ 1" in problems
     assert "POKOMACHI_HEARTBEAT_INTERVAL must be more than 0 and less than" in problems
+
+
+def _completion(name: str, salt: str = "run-1") -> CompletionRequest:
+    messages = [SHARED, _own(name), {"role": "user", "content": f"{name}, what now?"}]
+    return CompletionRequest(
+        messages=messages, json_schema=None, max_tokens=8, cache_salt=salt, affinity_key=name
+    )
+
+
+def test_completion_route_matches_the_requests_prefixes_with_the_settings_thresholds(settings):
+    """The door the town routes through (inference/services.py): it hashes each request's
+    prefixes itself, and takes the balance thresholds from the settings."""
+    states = [_state("a", load=10), _state("b", holds=[_prompt("aiko")])]
+    requests = [_completion("aiko"), _completion("ben")]
+    choices = completion_route(
+        requests=requests, nodes=["a", "b"], policy="cache_aware", states=states
+    )
+    assert [(c.node, c.reason) for c in choices] == [("b", "balance"), ("b", "balance")]
+    settings.INFERENCE_ROUTING_BALANCE_ABS = 100  # never imbalanced: the cache decides
+    choices = completion_route(
+        requests=requests, nodes=["a", "b"], policy="cache_aware", states=states
+    )
+    assert [(c.node, c.reason) for c in choices] == [("b", "cache"), ("b", "cache")]
+    assert choices[0].num_matched_chars > choices[1].num_matched_chars  # own head vs shared
+
+
+def test_a_replacement_node_only_for_a_request_whose_node_is_down():
+    states = [_state("a", up=False), _state("b"), _state("c")]
+    aiko = _completion("aiko")
+    replace = dict(request=aiko, policy="fixed", states=states, position=0)
+    assert completion_node_replacement(node="b", **replace) is None  # b is up
+    assert completion_node_replacement(node="a", **replace) == "b"  # position 0 of b, c
+    down = [_state("a", up=False), _state("b", up=False)]
+    assert completion_node_replacement(node="a", **{**replace, "states": down}) is None
