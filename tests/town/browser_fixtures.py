@@ -1,11 +1,8 @@
 """Fixtures and helpers for the browser tests (tests/town/test_browser*.py, test_admin.py).
 
-sync_api_or_skip() -> playwright.sync_api
-    Called at the top of a module of browser tests: without Playwright the module is skipped,
-    saying how to install it.
 needs_chromium
-    The mark (in a module's pytestmark) that skips its tests without Debian's chromium, saying
-    how to install it.
+    The mark (on a test, or in a module's pytestmark) that skips a browser test without
+    Playwright or without Debian's chromium, saying how to install the one missing.
 
 web_server -> WebServer (a str: the base URL)
     daphne on a free port serving pokosite.asgi on this test's database and on the channel layer
@@ -30,6 +27,7 @@ GatedSend, TickInBackground
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -56,16 +54,19 @@ DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir())
 # minutes per tick on a shared CPU; the tiny default model seconds.
 TICK_TIMEOUT_S = 1200.0 if os.environ.get("POKOMACHI_MODEL") else 120.0
 
-PLAYWRIGHT_MISSING = "pip install playwright (the test extra); no browser download"
-CHROMIUM_MISSING = "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)"
 
-needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason=CHROMIUM_MISSING)
+def _why_no_browser() -> str | None:
+    """What a browser test lacks here, said as how to get it. Playwright is looked for, not
+    imported: conftest.py imports this module for every test."""
+    if importlib.util.find_spec("playwright") is None:
+        return "pip install playwright (the test extra); no browser download"
+    if not CHROMIUM.exists():
+        return "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    return None
 
 
-def sync_api_or_skip():
-    """playwright.sync_api; without it the calling module (imported at collection) is skipped.
-    Not done here at import: conftest.py imports this module for every test."""
-    return pytest.importorskip("playwright.sync_api", reason=PLAYWRIGHT_MISSING)
+_WHY_NO_BROWSER = _why_no_browser()
+needs_chromium = pytest.mark.skipif(_WHY_NO_BROWSER is not None, reason=_WHY_NO_BROWSER or "")
 
 
 CHROMIUM_ARGS = [
@@ -155,7 +156,7 @@ def web_server(request, redis_url: str, transactional_db, tmp_path):
 
 @pytest.fixture
 def browser():
-    from playwright.sync_api import sync_playwright  # its users' modules skip without it
+    from playwright.sync_api import sync_playwright  # needs_chromium skips without it
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

@@ -18,15 +18,12 @@ from tests.town.browser_fixtures import (
     needs_chromium,
     off_loop,
     open_town_page,
-    sync_api_or_skip,
 )
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.events import last_seq
 from town.models import Run, RunEvent
-
-sync_api_or_skip()
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 

@@ -21,14 +21,11 @@ from tests.town.browser_fixtures import (
     off_loop,
     open_town_page,
     overlap,
-    sync_api_or_skip,
 )
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.models import Place, ResidentState
-
-sync_api = sync_api_or_skip()
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
@@ -83,11 +80,13 @@ def _check_layout(page, map_js: str, *, kind: str, width_name: str) -> dict:
     """Wait for every resident's box of `kind` to exist, let two frames lay them out, then
     measure and fail on any box over a place's name, over another box, off the map, or far
     from its resident."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError  # see needs_chromium
+
     try:
         page.wait_for_function(
             f"document.querySelectorAll('.{kind}').length === {NUM_RESIDENTS}", timeout=30_000
         )
-    except sync_api.TimeoutError:
+    except PlaywrightTimeoutError:
         found = page.evaluate(f"document.querySelectorAll('.{kind}').length")
         pytest.fail(f"{width_name}: {found} .{kind} boxes in the page, not {NUM_RESIDENTS}")
     page.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")

@@ -7,10 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.town.browser_fixtures import needs_chromium, sync_api_or_skip
+from tests.town.browser_fixtures import needs_chromium
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
-
-sync_api_or_skip()
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 

@@ -18,14 +18,11 @@ from tests.town.browser_fixtures import (
     off_loop,
     open_town_page,
     overlap,
-    sync_api_or_skip,
 )
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.models import RunEvent
-
-sync_api_or_skip()
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
