@@ -1,4 +1,8 @@
-"""Fixtures and helpers for the browser tests (tests/town/test_browser.py).
+"""Fixtures and helpers for the browser tests (tests/town/test_browser*.py, test_admin.py).
+
+needs_chromium
+    The mark (on a test, or in a module's pytestmark) that skips a browser test without
+    Playwright or without Debian's chromium, saying how to install the one missing.
 
 web_server -> WebServer (a str: the base URL)
     daphne on a free port serving pokosite.asgi on this test's database and on the channel layer
@@ -6,6 +10,12 @@ web_server -> WebServer (a str: the base URL)
     nobody reads would fill up and stall it).
 browser -> playwright Browser
     Debian's /usr/bin/chromium, headless, launched by Playwright (never a downloaded browser).
+open_town_page(opener, url, *, viewport, connected, until, errors, **new_page_kwargs) -> Page
+    A new page at a run's live page, once the town view has drawn its first snapshot.
+goto_replay(page, url)
+    The page at a run's replay, once the replay's data has loaded.
+overlap(a, b)
+    Whether two boxes ({x, y, w, h}, as the pages measure them) overlap.
 off_loop(fn, **kwargs)
     fn called on another thread: Playwright's sync API runs an event loop on the test's thread,
     where Django refuses ORM calls.
@@ -17,6 +27,7 @@ GatedSend, TickInBackground
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -42,6 +53,21 @@ DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir())
 # The real model (POKOMACHI_MODEL=smollm2-135m-instruct, for the README's screenshots) takes
 # minutes per tick on a shared CPU; the tiny default model seconds.
 TICK_TIMEOUT_S = 1200.0 if os.environ.get("POKOMACHI_MODEL") else 120.0
+
+
+def _why_no_browser() -> str | None:
+    """What a browser test lacks here, said as how to get it. Playwright is looked for, not
+    imported: conftest.py imports this module for every test."""
+    if importlib.util.find_spec("playwright") is None:
+        return "pip install playwright (the test extra); no browser download"
+    if not CHROMIUM.exists():
+        return "needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    return None
+
+
+_WHY_NO_BROWSER = _why_no_browser()
+needs_chromium = pytest.mark.skipif(_WHY_NO_BROWSER is not None, reason=_WHY_NO_BROWSER or "")
+
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -130,12 +156,49 @@ def web_server(request, redis_url: str, transactional_db, tmp_path):
 
 @pytest.fixture
 def browser():
-    from playwright.sync_api import sync_playwright  # test_browser.py skips without it
+    from playwright.sync_api import sync_playwright  # needs_chromium skips without it
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+def open_town_page(
+    opener, url: str, *, viewport=None, connected=False, until=None, errors=None, **new_page_kwargs
+):
+    """A new page of `opener` (a Browser, or a BrowserContext with a session cookie) at `url`, a
+    run's live page, returned once the town view has drawn its first snapshot; with
+    `connected`, once its socket is open too; with `until` (a JS condition), once that holds
+    as well. `viewport` ({"width", "height"}) is set before the page loads; `errors`, a list,
+    collects the page's uncaught errors from the start; new_page_kwargs go to new_page."""
+    page = opener.new_page(**new_page_kwargs)
+    if viewport is not None:
+        page.set_viewport_size(viewport)
+    if errors is not None:
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    ready = ["window.townView && townView.snapshots === 1"]
+    if connected:
+        ready.append("townView.ws && townView.ws.readyState === 1")
+    if until:
+        ready.append(until)
+    page.wait_for_function(" && ".join(ready), timeout=30_000)
+    return page
+
+
+def goto_replay(page, url: str) -> None:
+    """`page` at `url`, a run's replay, once the replay has loaded its data."""
+    page.goto(url)
+    page.wait_for_function("window.townReplay && townReplay.data", timeout=30_000)
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Overlapping by more than a rounding's half pixel each way."""
+    return (
+        min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"]) > 0.5
+        and min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"]) > 0.5
+    )
 
 
 class GatedSend:

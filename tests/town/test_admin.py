@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 
+from tests.town.browser_fixtures import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 from town import services
 from town.models import Decision, Run
 from town.simulation import InlineSend, tick_run
@@ -26,7 +27,6 @@ from town.simulation import InlineSend, tick_run
 from .factories import small_town_factory
 
 D = Decision.Status
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def _answered_run(town, layout: str, cached: list[int]) -> Run:
@@ -202,9 +202,7 @@ def _ticks_inline(run: Run, num_ticks: int) -> None:
         send.shutdown()
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install chromium"
-)
+@needs_chromium
 def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp_path):
     """Two real runs (the tiny model, computed in this process), then the run page and the
     compare page in chromium: every chart canvas has drawn something."""
@@ -221,10 +219,8 @@ def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp
         runs.append(run)
     out_dir = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tmp_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=args)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{live_server.url}/admin/login/")
         page.fill("#id_username", "admin")

@@ -11,24 +11,21 @@ from __future__ import annotations
 import pytest
 
 from inference.runtime import engine_configured
-from tests.town.browser_fixtures import CHROMIUM, DOCS, TickInBackground, off_loop
+from tests.town.browser_fixtures import (
+    DOCS,
+    TickInBackground,
+    goto_replay,
+    needs_chromium,
+    off_loop,
+    open_town_page,
+)
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.events import last_seq
 from town.models import Run, RunEvent
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
-)
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 
 def _wait_seq(page, seq: int) -> None:
@@ -74,17 +71,15 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
             )
         )
     )
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
     errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{web_server}/runs/{run.pk}/")
-
     # The places and the residents drawn, from one snapshot.
-    page.wait_for_function(
-        "window.townView && townView.snapshots === 1 && townView.ws"
-        " && townView.ws.readyState === 1 && townView.map.stats.placesDrawn === 12"
-        " && townView.map.stats.residentsDrawn === 10",
-        timeout=30_000,
+    page = open_town_page(
+        browser,
+        f"{web_server}/runs/{run.pk}/",
+        viewport={"width": 1280, "height": 800},
+        connected=True,
+        until="townView.map.stats.placesDrawn === 12 && townView.map.stats.residentsDrawn === 10",
+        errors=errors,
     )
     snapshot_seq = page.evaluate("townView.seq")
     assert snapshot_seq == off_loop(last_seq, run_id=run.pk) == 1  # the run.state of run_start
@@ -153,11 +148,11 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     DOCS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(DOCS / "town-view.png"))
     # A page opened now starts from a snapshot that already shows who is thinking.
-    other = browser.new_page(viewport={"width": 1280, "height": 800})
-    other.goto(f"{web_server}/runs/{run.pk}/")
-    other.wait_for_function(
-        "window.townView && townView.snapshots === 1 && townView.map.stats.thinkingDrawn === 4",
-        timeout=30_000,
+    other = open_town_page(
+        browser,
+        f"{web_server}/runs/{run.pk}/",
+        viewport={"width": 1280, "height": 800},
+        until="townView.map.stats.thinkingDrawn === 4",
     )
     other.close()
 
@@ -196,8 +191,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
     assert page.locator("#stat-tick").inner_text() == "3"
 
     # The replay of the same run: frame by frame from the stored decisions.
-    page.goto(f"{web_server}/runs/{run.pk}/replay/")
-    page.wait_for_function("window.townReplay && townReplay.data", timeout=30_000)
+    goto_replay(page, f"{web_server}/runs/{run.pk}/replay/")
     assert page.evaluate("townReplay.data.frames.length") == 4  # 3 ticks, then the end
     assert page.locator("#feed .feed-item").count() == 10  # tick 0's decisions
     assert page.locator("#stat-clock").inner_text() == "day 1 07:00 morning"
@@ -224,12 +218,12 @@ def test_the_live_page_fits_a_phone_screen(web_server, browser):
         )
     )
     TickInBackground(run, gated=False).join()
-    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
-    page.goto(f"{web_server}/runs/{run.pk}/")
-    page.wait_for_function(
-        "window.townView && townView.snapshots === 1 && townView.map.stats.placesDrawn === 12"
-        " && townView.map.stats.residentsDrawn === 10",
-        timeout=30_000,
+    page = open_town_page(
+        browser,
+        f"{web_server}/runs/{run.pk}/",
+        viewport={"width": 390, "height": 844},
+        until="townView.map.stats.placesDrawn === 12 && townView.map.stats.residentsDrawn === 10",
+        device_scale_factor=2,
     )
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     box = page.locator("#town-map").bounding_box()
@@ -260,9 +254,7 @@ def test_staff_buttons_control_the_run_and_the_page_follows(web_server, browser)
     context.add_cookies(
         [{"name": "sessionid", "value": off_loop(staff_session), "url": web_server}]
     )
-    page = context.new_page()
-    page.goto(f"{web_server}/runs/{run.pk}/")
-    page.wait_for_function("window.townView && townView.snapshots === 1", timeout=30_000)
+    page = open_town_page(context, f"{web_server}/runs/{run.pk}/")
 
     def shown() -> list[str]:
         buttons = page.locator("#controls button:visible")

@@ -14,23 +14,20 @@ from pathlib import Path
 import pytest
 
 from inference.runtime import engine_configured
-from tests.town.browser_fixtures import CHROMIUM, TickInBackground, off_loop
+from tests.town.browser_fixtures import (
+    TickInBackground,
+    goto_replay,
+    needs_chromium,
+    off_loop,
+    open_town_page,
+    overlap,
+)
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.models import Place, ResidentState
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
-)
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 NUM_RESIDENTS = 10
 # Three places close together in the middle of the map, so their names and their crowds'
@@ -71,14 +68,6 @@ MEASURE_JS = """(map) => {
 }"""
 
 
-def _overlap(a: dict, b: dict) -> bool:
-    """Overlapping by more than a rounding's half pixel each way."""
-    return (
-        min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"]) > 0.5
-        and min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"]) > 0.5
-    )
-
-
 def _reach(box: dict) -> float:
     """Distance from the box to its resident's head (0 when the head is inside it)."""
     head = box["head"]
@@ -91,11 +80,13 @@ def _check_layout(page, map_js: str, *, kind: str, width_name: str) -> dict:
     """Wait for every resident's box of `kind` to exist, let two frames lay them out, then
     measure and fail on any box over a place's name, over another box, off the map, or far
     from its resident."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError  # see needs_chromium
+
     try:
         page.wait_for_function(
             f"document.querySelectorAll('.{kind}').length === {NUM_RESIDENTS}", timeout=30_000
         )
-    except sync_api.TimeoutError:
+    except PlaywrightTimeoutError:
         found = page.evaluate(f"document.querySelectorAll('.{kind}').length")
         pytest.fail(f"{width_name}: {found} .{kind} boxes in the page, not {NUM_RESIDENTS}")
     page.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
@@ -108,12 +99,12 @@ def _check_layout(page, map_js: str, *, kind: str, width_name: str) -> dict:
         problems += [
             f"{box['what']!r} hides {label['what']!r}"
             for label in m["labels"]
-            if _overlap(box, label)
+            if overlap(box, label)
         ]
         problems += [
             f"{box['what']!r} on {other['what']!r}"
             for other in boxes[i + 1 :]
-            if _overlap(box, other)
+            if overlap(box, other)
         ]
         inside = (
             box["x"] >= m["map"]["x"] - 0.5
@@ -161,13 +152,12 @@ def test_bubbles_and_clouds_keep_off_place_names_and_each_other(web_server, brow
         run = off_loop(_crowded_run)
         pages = {}
         for name, (width, height) in WIDTHS.items():
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.goto(f"{web_server}/runs/{run.pk}/")
-            page.wait_for_function(
-                "window.townView && townView.snapshots === 1 && townView.ws"
-                " && townView.ws.readyState === 1"
-                f" && townView.map.stats.residentsDrawn === {NUM_RESIDENTS}",
-                timeout=30_000,
+            page = open_town_page(
+                browser,
+                f"{web_server}/runs/{run.pk}/",
+                viewport={"width": width, "height": height},
+                connected=True,
+                until=f"townView.map.stats.residentsDrawn === {NUM_RESIDENTS}",
             )
             page.evaluate("townView.map.bubbleMs = Infinity")  # bubbles stay until measured
             pages[name] = page
@@ -185,8 +175,7 @@ def test_bubbles_and_clouds_keep_off_place_names_and_each_other(web_server, brow
 
         # The replay of that tick: the same crowd, the same words.
         for name, page in pages.items():
-            page.goto(f"{web_server}/runs/{run.pk}/replay/")
-            page.wait_for_function("window.townReplay && townReplay.data", timeout=30_000)
+            goto_replay(page, f"{web_server}/runs/{run.pk}/replay/")
             page.evaluate("townReplay.map.bubbleMs = Infinity; townReplay.show(0, false)")
             _check_layout(page, "townReplay.map", kind="bubble", width_name=name)
             _screenshot(page, f"replay-{name}")
@@ -238,5 +227,5 @@ def test_a_box_hemmed_in_by_its_neighbours_still_finds_room(browser):
     assert sorted(boxes) == list(range(len(items))), f"left out: {set(range(10)) - set(boxes)}"
     rects = list(boxes.values())
     for i, box in enumerate(rects):
-        assert not any(_overlap(box, label) for label in labels), box
-        assert not any(_overlap(box, other) for other in rects[i + 1 :]), box
+        assert not any(overlap(box, label) for label in labels), box
+        assert not any(overlap(box, other) for other in rects[i + 1 :]), box

@@ -7,20 +7,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.town.browser_fixtures import CHROMIUM
+from tests.town.browser_fixtures import needs_chromium
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 
-pytest.importorskip(
-    "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
-)
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 
 @pytest.mark.parametrize(

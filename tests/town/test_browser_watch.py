@@ -11,23 +11,20 @@ from __future__ import annotations
 import pytest
 
 from inference.runtime import engine_configured
-from tests.town.browser_fixtures import CHROMIUM, DOCS, TickInBackground, off_loop
+from tests.town.browser_fixtures import (
+    DOCS,
+    TickInBackground,
+    needs_chromium,
+    off_loop,
+    open_town_page,
+    overlap,
+)
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
 from town import services
 from town.demo import demo_town_create
 from town.models import RunEvent
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="pip install playwright (the test extra); no browser download"
-)
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 WIDTHS = {"desktop": (1280, 800), "phone": (390, 844)}
 
@@ -61,14 +58,6 @@ NAME_BOXES_JS = """() => {
 }"""
 
 
-def _overlap(a: dict, b: dict) -> bool:
-    """Overlapping by more than a rounding's half pixel each way."""
-    return (
-        min(a["x"] + a["w"], b["x"] + b["w"]) - max(a["x"], b["x"]) > 0.5
-        and min(a["y"] + a["h"], b["y"] + b["h"]) - max(a["y"], b["y"]) > 0.5
-    )
-
-
 def _fits(page, what: str) -> None:
     m = page.evaluate(TOO_WIDE_JS)
     assert m["scrollWidth"] <= m["width"] and not m["wide"], f"{what}: {m}"
@@ -82,13 +71,13 @@ def _no_label_over_a_name(page, what: str) -> None:
         f"{label['what']!r} over {name['what']!r}"
         for label in m["labels"]
         for name in m["names"]
-        if _overlap(label, name)
+        if overlap(label, name)
     ]
     covered += [
         f"{a['what']!r} over {b['what']!r}"
         for i, a in enumerate(m["labels"])
         for b in m["labels"][i + 1 :]
-        if _overlap(a, b)
+        if overlap(a, b)
     ]
     assert not covered, f"{what}: " + "; ".join(covered)
 
@@ -128,13 +117,12 @@ def test_each_decision_shows_as_it_lands_and_the_pages_fit_a_phone(web_server, b
         context.add_cookies([_staff_cookie(web_server)])
         pages = {}
         for name, (width, height) in WIDTHS.items():
-            page = context.new_page()
-            page.set_viewport_size({"width": width, "height": height})
-            page.goto(f"{web_server}/runs/{run.pk}/")
-            page.wait_for_function(
-                "window.townView && townView.snapshots === 1 && townView.ws"
-                " && townView.ws.readyState === 1 && townView.map.stats.residentsDrawn === 10",
-                timeout=30_000,
+            page = open_town_page(
+                context,
+                f"{web_server}/runs/{run.pk}/",
+                viewport={"width": width, "height": height},
+                connected=True,
+                until="townView.map.stats.residentsDrawn === 10",
             )
             _no_label_over_a_name(page, f"{name}, everyone at home")
             pages[name] = page
