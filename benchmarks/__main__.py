@@ -17,6 +17,7 @@ from benchmarks import (
     priority,
     restart,
     retention_sweep,
+    roofline,
     steady_decode,
     tensor_parallel,
     tiers,
@@ -37,6 +38,7 @@ MODES = {
     "weights-agreement": (weights_agreement, "quantized weight formats against fp32"),
     "tensor-parallel": (tensor_parallel, "what splitting a model over ranks costs"),
     "load-checkpoint": (load_checkpoint, "load time and memory of a DeepSeek-V4 checkpoint"),
+    "roofline": (roofline, "DeepSeek-V4's decode bound from memory bandwidth (config only)"),
     "gpu": (gpu, "kernels at real sizes and the engine on CUDA (needs a GPU)"),
 }
 

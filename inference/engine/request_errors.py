@@ -1,6 +1,7 @@
 """RequestError: one request failed inside the engine — while sampling, applying or advancing
-its grammar, detokenizing or checking its stop strings. The engine finishes that request (its
-KV blocks are freed) and raises this to its caller; the requests batched with it go on.
+its grammar, detokenizing or checking its stop strings, or before its step when its blocks do
+not cover its span (RequestNotComputed). The engine finishes that request (its KV blocks are
+freed) and raises this to its caller; the requests batched with it go on.
 """
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 
 class RequestError(RuntimeError):
     pass
+
+
+class RequestNotComputed(RequestError):
+    """The runner left the request out of its step (runner/span_check.py): the step wrote none
+    of its K/V, so the blocks registered for it must be forgotten, as after a failed step."""
 
 
 def request_failed(request_id: str, exc: Exception) -> RequestError:

@@ -30,7 +30,7 @@ from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.shared_prefill import find_followers
 from inference.engine.metrics import SchedulerStats
 from inference.engine.request import Request, RequestStatus
-from inference.engine.request_errors import RequestError, request_failed
+from inference.engine.request_errors import RequestError, RequestNotComputed, request_failed
 from inference.engine.scheduler_output import Sampled, ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -295,9 +295,15 @@ class Scheduler:
             request.spec_token_ids = []
             num_forced = request.num_forced_tokens
             draft = scheduled.draft_token_ids
+            token = sampled.get(request.request_id)
+            if isinstance(token, RequestNotComputed):  # left out of the step: nothing written
+                self.kv_cache_manager.forget_uncomputed(request)
+                request.error = request_failed(request.request_id, token)
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                finished.append(request)
+                continue
             # A draft's positions count as computed only once accepted (_verify).
             request.num_computed_tokens += scheduled.num_new_tokens - len(draft)
-            token = sampled.get(request.request_id)
             if token is None:
                 continue
             try:

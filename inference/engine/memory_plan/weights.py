@@ -22,6 +22,7 @@ embedding and head split by vocabulary. Rank 0 holds the largest share (balanced
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -86,16 +87,11 @@ def weight_bytes(
         raise ValueError(
             f"weights must be fp32, int8 or int4 here (auto resolved), got {weights!r}"
         )
-    model = _meta_model(spec)
-    count = _deepseek_v4_tensor if spec.arch == "deepseek_v4" else _llama_tensor
-    linear_names = {
-        f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)
-    }
+    model = meta_model(spec)
     totals = dict.fromkeys(("experts", "linears", "embeddings", "other"), 0)
-    named = [*model.named_parameters(), *model.named_buffers()]
-    for name, tensor in named:
-        kind, size = count(spec, name, tensor, name in linear_names, dtype, sharding, weights)
+    for _, kind, size, _ in tensor_bytes(spec, model, dtype, sharding, weights):
         totals[kind] += size
+    named = [*model.named_parameters(), *model.named_buffers()]
     tied = spec.arch != "deepseek_v4" and spec.config.tie_word_embeddings
     if tied and weights != "fp32" and not any(name == "lm_head.weight" for name, _ in named):
         # Gemma 3's TiedLMHead: quantize_model gives the head an int8 copy of the embedding.
@@ -104,7 +100,22 @@ def weight_bytes(
     return WeightBytes(**totals)
 
 
-def _meta_model(spec: ModelSpec) -> nn.Module:
+def tensor_bytes(
+    spec: ModelSpec, model: nn.Module, dtype: torch.dtype, sharding: Sharding, weights: str
+) -> Iterator[tuple[str, str, int, torch.Tensor]]:
+    """(name, kind, bytes rank `sharding.rank` holds, the meta tensor) of each parameter and
+    buffer of `model` (`meta_model(spec)`): weight_bytes' rows before they are summed."""
+    count = _deepseek_v4_tensor if spec.arch == "deepseek_v4" else _llama_tensor
+    linear_names = {
+        f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)
+    }
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        kind, size = count(spec, name, tensor, name in linear_names, dtype, sharding, weights)
+        yield name, kind, size, tensor
+
+
+def meta_model(spec: ModelSpec) -> nn.Module:
+    """The engine's model of `spec` on the meta device: shapes, no memory."""
     from inference.engine.models import ARCHITECTURES
 
     with torch.device("meta"):

@@ -33,8 +33,9 @@ from inference.engine.kernels.reference import copy_slots_reference
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
-from inference.engine.request_errors import RequestError
+from inference.engine.request_errors import RequestError, RequestNotComputed
 from inference.engine.runner.sampler import sample
+from inference.engine.runner.span_check import span_error
 from inference.engine.scheduler_output import Sampled, SchedulerOutput
 from inference.engine.spec_decode.mtp import mtp_drafts
 from inference.engine.structured_output.structured_output import StructuredOutputManager
@@ -67,6 +68,8 @@ class SamplingPlan:
     next_ids: list[int]
     first_rows: list[int]
     drafts: list[list[int]]
+    # Requests left out of the step (their blocks do not cover their span), failed alone.
+    not_computed: dict[str, RequestNotComputed]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +261,15 @@ class ModelRunner:
         sampling_drafts: list[list[int]] = []  # each sampling request's draft
         full = GroupSpans([], [])
         sliding = GroupSpans([], []) if self.has_sliding else None
+        window = self.sliding_window if self.has_sliding else None
+        not_computed: dict[str, RequestNotComputed] = {}
         for scheduled in output.scheduled:
             request = scheduled.request
+            error = span_error(scheduled, self.block_size, window)
+            if error is not None:
+                logger.error("request %s left out of the step: %s", request.request_id, error)
+                not_computed[request.request_id] = RequestNotComputed(error)
+                continue
             draft = scheduled.draft_token_ids
             start = request.num_computed_tokens
             end = start + scheduled.num_new_tokens
@@ -296,7 +306,7 @@ class ModelRunner:
                     row_drafts.append(draft[:index])
         batch = StepBatch(input_ids, positions, full, sliding, logits_rows, output.block_copies)
         plan = SamplingPlan(
-            sampling, row_requests, row_drafts, next_ids, first_rows, sampling_drafts
+            sampling, row_requests, row_drafts, next_ids, first_rows, sampling_drafts, not_computed
         )
         return batch, plan
 
@@ -313,6 +323,8 @@ class ModelRunner:
         self.drafts = {}
         self.mtp_context = None
         full, rows = batch.full, batch.logits_rows
+        if not batch.input_ids:  # every request of the step was left out (prepare)
+            return torch.empty(0, 0, device=self.device)
         if self.graphs is not None and self.graphs.can_run(full.spans, len(rows)):
             return self.graphs.run(batch.input_ids, batch.positions, full.slot_mapping, full.spans)
         logits = self.model(
@@ -337,7 +349,7 @@ class ModelRunner:
         if not sampling:
             if context is not None:
                 self._draft_with_mtp(context, next_ids, [], [], [], {})
-            return {}
+            return dict(plan.not_computed)
         assert self.structured is not None, "a runner without a structured-output manager"
         logits = logits.float()  # sampling and grammar masks work in fp32, whatever the model's
         drafts = row_drafts if len(row_requests) > len(sampling) else None
@@ -353,7 +365,7 @@ class ModelRunner:
             result = _per_request(row_requests, tokens)
         if context is not None:
             self._draft_with_mtp(context, next_ids, sampling, first_rows, sampling_drafts, result)
-        return result
+        return {**result, **plan.not_computed}
 
     def take_drafts(self) -> dict[str, list[int]]:
         """The drafts the MTP layer made in the last step, per request id (once)."""

@@ -197,3 +197,61 @@ def test_a_tiny_temperature_is_greedy(tiny_engine, temperature):
     (want,) = tiny_engine.generate([PROMPTS[0]], greedy)
     (got,) = tiny_engine.generate([PROMPTS[0]], tiny)
     assert got.token_ids == want.token_ids
+
+
+def test_a_v4_request_whose_blocks_miss_its_span_fails_alone(make_v4_engine, monkeypatch):
+    """A request whose block table does not cover its step's span (here: its full or its window
+    table emptied on its first decode step) is left out of the step with an error naming it;
+    the other request in the same step gets the greedy tokens it gets alone."""
+    engine = make_v4_engine()
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    alone = [engine.generate([prompt], params)[0].token_ids for prompt in PROMPTS[:2]]
+    for table in ("full", "window"):
+        corrupted, results = _corrupt_one_of_two(engine, monkeypatch, params, table)
+        failed = [i for i, r in enumerate(results) if isinstance(r, RequestError)]
+        assert len(failed) == 1, results
+        message = str(results[failed[0]])
+        assert f"request {corrupted} failed" in message
+        assert ("full-group blocks" if table == "full" else "window blocks") in message
+        (other,) = {0, 1} - set(failed)
+        assert results[other] == alone[other], table
+        assert engine.stats().num_running == 0
+        assert engine.generate([PROMPTS[failed[0]]], params)[0].token_ids == alone[failed[0]]
+
+
+def _corrupt_one_of_two(engine, monkeypatch, params, table: str):
+    """Run PROMPTS[0] and [1] together; empty one's `table` on the first step decoding both."""
+    real = engine.scheduler.schedule
+    corrupted: list[str] = []
+
+    def schedule():
+        output = real()
+        decoding = [s for s in output.scheduled if s.request.output_token_ids]
+        if not corrupted and len(decoding) == 2:
+            victim = decoding[1]
+            corrupted.append(victim.request.request_id)
+            if table == "full":
+                victim.block_ids = []
+            else:
+                victim.window_block_ids = (victim.window_block_ids[0], [])
+        return output
+
+    monkeypatch.setattr(engine.scheduler, "schedule", schedule)
+    results: list = [None, None]
+    barrier = threading.Barrier(2)
+
+    def one(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = engine.generate([PROMPTS[index]], params)[0].token_ids
+        except RequestError as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    monkeypatch.undo()
+    assert len(corrupted) == 1, "no step decoded both requests"
+    return corrupted[0], results
