@@ -24,6 +24,8 @@ def test_the_grouped_route_equals_the_per_expert_route():
     indices = torch.randint(0, 8, (9, 3), generator=generator)  # some held elsewhere
     indices[0] = torch.tensor([0, 1, 7])  # a token with no expert here
     weights = torch.rand(9, 3, generator=generator)
+    # Two routes, two summation orders (and per CPU, different kernels): fp32 rounding, not 1e-5
+    # (a 2.3e-5 difference on one of 576 elements was seen on an AMD machine).
     torch.testing.assert_close(
-        experts._grouped(x, indices, weights), experts(x, indices, weights), rtol=1e-5, atol=1e-5
+        experts._grouped(x, indices, weights), experts(x, indices, weights), rtol=1e-4, atol=1e-4
     )
