@@ -1,6 +1,6 @@
 """The Celery app, configured from Django settings (the CELERY_ namespace).
 
-Workers: `celery -A pokosite worker -Q <node> --pool threads --concurrency 4 -n <node>@%h`,
+Workers: `celery -A pokosite worker -Q <node> --pool threads --concurrency 16 -n <node>@%h`,
 one per inference node; tasks are found in each installed app's tasks.py.
 """
 

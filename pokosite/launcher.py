@@ -15,7 +15,10 @@ that does not stop within its timeout is killed. If any child dies, everything i
 Environment (besides the settings' own, see pokosite/settings/base.py; both read with
 pokosite/env.py):
   POKOMACHI_HOST (127.0.0.1), POKOMACHI_PORT (8000)    where daphne listens
-  POKOMACHI_WORKER_CONCURRENCY (4)                     threads per node worker
+  POKOMACHI_WORKER_CONCURRENCY (16)                    threads per node worker: each waits on
+                                                       one request the engine batches; more than
+                                                       the town keeps in flight, so a /v1 call
+                                                       always finds one (WORKER_THREADS)
   POKOMACHI_TORCH_THREADS                              torch threads per node worker (default:
                                                        with several nodes, the cores / nodes)
 
@@ -42,6 +45,12 @@ from pokosite.env import EnvError, env_int, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MANAGE_PY = BASE_DIR / "manage.py"
+# A worker thread only waits on one request while the engine batches and queues them all (by
+# priority: /v1 and REST calls ahead of the town's). The tick loop keeps a run's `concurrency`
+# decisions in flight (4 by default); with as few threads as that, a /v1 call waited in Celery's
+# queue for a whole decision to finish (97 s of a 215 s call, 2026-12-06) before the engine's
+# priority could act. Threads beyond the town's in-flight keep interactive calls from waiting.
+WORKER_THREADS = 16
 
 
 class LaunchError(Exception):
@@ -97,7 +106,9 @@ def launch_plan(
     host = env_str("POKOMACHI_HOST", "127.0.0.1", env=env)
     try:
         port = env_int("POKOMACHI_PORT", 8000, low=1, high=65535, env=env)
-        concurrency = env_int("POKOMACHI_WORKER_CONCURRENCY", 4, low=1, high=64, env=env)
+        concurrency = env_int(
+            "POKOMACHI_WORKER_CONCURRENCY", WORKER_THREADS, low=1, high=64, env=env
+        )
         worker_env = _worker_env(env=env, num_nodes=len(nodes))
     except EnvError as exc:
         raise LaunchError(str(exc)) from None

@@ -68,7 +68,7 @@ def test_plan_default_is_embedded_redis_one_worker_web_and_tick_loop():
     worker, web, tick = plan.children
     assert worker.argv == [
         "py", "-m", "celery", "-A", "pokosite", "worker", "-Q", "local", "--pool", "threads",
-        "--concurrency", "4", "-n", "local@%h", "--loglevel", "INFO",
+        "--concurrency", "16", "-n", "local@%h", "--loglevel", "INFO",
     ]  # fmt: skip
     assert web.argv == [
         "py", "-m", "daphne", "-b", "127.0.0.1", "-p", "8000", "pokosite.asgi:application"
@@ -256,3 +256,13 @@ def test_launcher_brings_the_town_up_and_ctrl_c_stops_all_of_it(tmp_path, redisl
         redis.Redis.from_url(redis_url, socket_connect_timeout=0.5).ping()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_worker_has_threads_beyond_what_a_town_run_keeps_in_flight():
+    """A /v1 call needs a free worker thread before the engine's priority can serve it first."""
+    from town.models import Run
+
+    plan = launch_plan(env={}, nodes=["local"], python="py", manage_py=Path("manage.py"))
+    argv = plan.children[0].argv
+    threads = int(argv[argv.index("--concurrency") + 1])
+    assert threads >= 2 * Run._meta.get_field("concurrency").default
