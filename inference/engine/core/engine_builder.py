@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from inference.engine.attention.paged_state import PagedStateSpec
 from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.distributed.executor import TensorParallelExecutor
@@ -22,15 +23,10 @@ from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
 from inference.engine.kv.tiers.offloader import KVOffloader
+from inference.engine.loading.shard import Shard
 from inference.engine.memory_plan import check_engine
 from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4.loader import Shard
-from inference.engine.runner.model_runner import (
-    ModelRunner,
-    RunnerSetup,
-    group_block_bytes,
-    kv_groups_of,
-)
+from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
 from inference.engine.spec_decode import Drafter
 from inference.engine.spec_decode.mtp import MtpDrafter
 from inference.engine.spec_decode.ngram import NgramProposer
@@ -76,28 +72,28 @@ def build_engine(
     if executor is not None:
         loaded = executor.shard(loaded)  # the KV cache below is this rank's shard too
     max_model_len = min(scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len)
-    own_state = hasattr(loaded.model, "allocate_state")
-    kv_cache_dtype = running.kv_cache_dtype
-    if own_state and kv_cache_dtype != running.dtype:
+    spec = loaded.config.paged_state_spec()  # what the model's paged state is
+    kv_cache_dtype = spec.state_dtype(running.dtype, running.kv_cache_dtype)
+    if kv_cache_dtype != running.kv_cache_dtype:
         logger.warning(
-            "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
-            "does not apply to it",
+            "%s keeps its attention state in %s: kv_cache_dtype=%s does not apply to it",
             type(loaded.model).__name__,
-            running.dtype,
             kv_cache_dtype,
+            running.kv_cache_dtype,
         )
-        kv_cache_dtype = running.dtype
     dtype = getattr(torch, kv_cache_dtype)
     # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
     group_bytes = {
         group: size * dtype.itemsize // 4
-        for group, size in group_block_bytes(loaded.config, cache.block_size).items()
+        for group, size in spec.group_block_bytes(cache.block_size).items()
     }
     # A running request holds its window plus one prefill chunk in the sliding group (with
     # equal counts, the check of a prompt against num_blocks covers it).
-    window = getattr(loaded.config, "sliding_window", None) or 0
+    window = spec.sliding_window or 0
     min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
-    num_blocks, num_window_blocks = kv_block_counts(cache, group_bytes, own_state=own_state)
+    num_blocks, num_window_blocks = kv_block_counts(
+        cache, group_bytes, has_window_budget=spec.has_window_budget
+    )
     if num_window_blocks != num_blocks and num_window_blocks < min_window:
         raise ValueError(
             f"the window group has {num_window_blocks} blocks; one request's window "
@@ -109,12 +105,12 @@ def build_engine(
         cache.block_size,
         cache.enable_prefix_caching,
         loaded.fingerprint,
-        sliding_window=_sliding_window(config, loaded.config),
+        sliding_window=_sliding_window(config, spec),
         num_sliding_blocks=num_window_blocks,
         retention_interval=cache.retention_interval,
         exact_reuse=cache.enable_partial_block_reuse,
         junction_checkpoints=cache.enable_junction_checkpoints,
-        bounded_replay=_bounded_replay(config, loaded.config),
+        bounded_replay=_bounded_replay(config, spec),
     )
     scheduler = Scheduler(
         kv_cache_manager,
@@ -129,7 +125,7 @@ def build_engine(
         tokenizer=loaded.tokenizer,
         max_model_len=max_model_len,
         enable_jump_forward=scheduling.enable_jump_forward,
-        drafter=_drafter(config, loaded.model),
+        drafter=_drafter(config, loaded.model.has_mtp),
         num_speculative_tokens=config.speculative.num_speculative_tokens,
         prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
     )
@@ -155,7 +151,7 @@ def build_engine(
     offloader = None
     if cache.has_tiers:
         offloader = _kv_offloader(
-            config, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
+            config, spec, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
         )
     return EngineParts(
         memory_plan=memory_plan,
@@ -177,12 +173,13 @@ def build_engine(
 
 
 def kv_block_counts(
-    cache: CacheConfig, group_bytes: dict[str, int], *, own_state: bool
+    cache: CacheConfig, group_bytes: dict[str, int], *, has_window_budget: bool
 ) -> tuple[int, int]:
     """Blocks of the full group and of the window (sliding) group: the same count for both,
-    or each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
+    or, for a state whose window group may have a budget of its own (`has_window_budget`),
+    each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
     separate = cache.window_cache_fraction is not None or cache.num_window_blocks is not None
-    if separate and not (own_state and "sliding" in group_bytes):
+    if separate and not (has_window_budget and "sliding" in group_bytes):
         raise ValueError(
             "window_cache_fraction / num_window_blocks give the window group its own budget; "
             "only DeepSeek-V4 models support that so far"
@@ -210,7 +207,7 @@ def kv_block_counts(
 
 
 def _kv_tiers_unsupported(
-    config: EngineConfig, runner: ModelRunner | TensorParallelExecutor, is_parallel: bool
+    config: EngineConfig, spec: PagedStateSpec, is_parallel: bool
 ) -> str | None:
     """Why the KV tiers cannot store this engine's KV, or None when they can."""
     if is_parallel:
@@ -218,16 +215,14 @@ def _kv_tiers_unsupported(
             "the KV tiers do not read a tensor-parallel engine's KV shards yet; use them "
             "with tensor_parallel_size=1"
         )
-    if runner.state is not None:
-        return (
-            f"model {config.model} keeps its own compressed state (DeepSeek-V4), which "
-            "the KV tiers do not store yet; use them with llama-family or Gemma 3 models"
-        )
+    if spec.kv_tiers_unsupported is not None:
+        return f"model {config.model} {spec.kv_tiers_unsupported}"
     return None
 
 
 def _kv_offloader(
     config: EngineConfig,
+    spec: PagedStateSpec,
     runner: ModelRunner | TensorParallelExecutor,
     executor: TensorParallelExecutor | None,
     kv_cache_manager: KVCacheManager,
@@ -236,7 +231,7 @@ def _kv_offloader(
 ) -> KVOffloader | None:
     """The tiers below the device pool (kv/tiers), for every KV cache group."""
     cache = config.cache
-    unsupported = _kv_tiers_unsupported(config, runner, executor is not None)
+    unsupported = _kv_tiers_unsupported(config, spec, executor is not None)
     if unsupported and cache.kv_tiers_where_supported:
         logger.info("KV tiers off for this engine: %s", unsupported)
         return None
@@ -275,12 +270,12 @@ def _kv_offloader(
     )
 
 
-def _drafter(config: EngineConfig, model) -> Drafter | None:
+def _drafter(config: EngineConfig, has_mtp: bool) -> Drafter | None:
     speculative = config.speculative
     if speculative.speculative_method is None:
         return None
     if speculative.speculative_method == "mtp":
-        if not getattr(model, "has_mtp", False):
+        if not has_mtp:
             raise ValueError(
                 "speculative_method='mtp' needs a model with a multi-token-prediction "
                 f"layer; model {config.model} has none (DeepSeek-V4 checkpoints with "
@@ -290,22 +285,22 @@ def _drafter(config: EngineConfig, model) -> Drafter | None:
     return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
 
-def _bounded_replay(config: EngineConfig, model_config) -> BoundedReplay | None:
+def _bounded_replay(config: EngineConfig, spec: PagedStateSpec) -> BoundedReplay | None:
     if not config.cache.enable_bounded_replay:
         return None
-    alignment = getattr(model_config, "replay_alignment", None)
+    alignment = spec.replay_alignment
     if alignment is None:
         raise ValueError(
             f"enable_bounded_replay is DeepSeek's scheme for DeepSeek-V4; model "
             f"{config.model} has no compressed state to replay over"
         )
-    return BoundedReplay(int(model_config.sliding_window), int(alignment))
+    return BoundedReplay(int(spec.sliding_window), int(alignment))
 
 
-def _sliding_window(config: EngineConfig, model_config) -> int | None:
+def _sliding_window(config: EngineConfig, spec: PagedStateSpec) -> int | None:
     """The window of the model's sliding layers (None: it has none, the retention interval
     changes nothing and we say so)."""
-    groups = kv_groups_of(model_config)
+    groups = spec.kv_groups
     if "sliding" not in groups:
         if config.cache.retention_interval is not None:
             logger.warning(
@@ -320,4 +315,4 @@ def _sliding_window(config: EngineConfig, model_config) -> int | None:
             f"model {config.model} has only sliding-window layers; the engine needs "
             "at least one full-attention layer to chain its prefix cache"
         )
-    return int(model_config.sliding_window)
+    return int(spec.sliding_window)

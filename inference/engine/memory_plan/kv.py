@@ -1,8 +1,8 @@
 """KV/state bytes per token, by attention kind, as the engine allocates them (per rank).
 
-The engine's KV memory is two block pools (runner/model_runner.group_block_bytes): the "full"
-group, kept for a whole prefix, and the "sliding" group, a window per running request plus the
-window checkpoints the cache keeps. Per kind:
+The engine's KV memory is two block pools (the model's PagedStateSpec.group_block_bytes): the
+"full" group, kept for a whole prefix, and the "sliding" group, a window per running request
+plus the window checkpoints the cache keeps. Per kind:
 - llama family: every layer's K and V, kv_cache_dtype bytes (full).
 - Gemma 3: its global layers' K/V (full) and its sliding layers' K/V (sliding).
 - DeepSeek-V4 (models/deepseek_v4/state.py; its state is held in the model's dtype): every
@@ -25,7 +25,6 @@ from inference.engine.distributed.sharding import head_shard
 from inference.engine.memory_plan.model_spec import ModelSpec
 from inference.engine.memory_plan.weights import Sharding
 from inference.engine.models.deepseek_v4.config import CSA, HCA
-from inference.engine.runner.model_runner import group_block_bytes, layer_types_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,26 +82,23 @@ def kv_layout(
         config = dataclasses.replace(
             config, num_heads=len(heads.q_heads), num_kv_heads=len(heads.kv_heads)
         )
-    if spec.arch == "deepseek_v4":
-        from inference.engine.models.deepseek_v4.state import check_block_size
-
-        check_block_size(config, block_size)
+    state = config.paged_state_spec()
     scale = kv_dtype.itemsize / 4  # the engine's sizes count fp32
     blocks = {
-        group: int(size * scale) for group, size in group_block_bytes(config, block_size).items()
+        group: int(size * scale) for group, size in state.group_block_bytes(block_size).items()
     }
     if spec.arch == "deepseek_v4":
         kinds = _deepseek_v4_kinds(config, block_size, kv_dtype.itemsize)
     else:
         kinds = _paged_kinds(config, kv_dtype.itemsize)
     has_window = "sliding" in blocks
-    window = int(config.sliding_window) if has_window else None
+    window = int(state.sliding_window) if has_window else None
     return KVLayout(block_size, str(kv_dtype)[6:], kinds, blocks, window)
 
 
 def _paged_kinds(config, itemsize: int) -> tuple[StateKind, ...]:
     per_layer = 2 * config.num_kv_heads * config.head_dim * itemsize  # K and V
-    types = layer_types_of(config)
+    types = config.paged_state_spec().layer_types
     return tuple(
         StateKind(f"{kind} attention K/V ({types.count(kind)} layers)", kind, per_layer * count)
         for kind in ("full", "sliding")
