@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.attention.attention_backend import MetadataBuilder
-from inference.engine.attention.paged_state import DType
+from inference.engine.attention.paged_state import DType, StateKind
 from inference.engine.attention.torch_metadata import TorchMetadataBuilder
 from inference.engine.kernels.metadata import KernelMetadataBuilder
 from inference.engine.kernels.reference import copy_slots_reference
@@ -48,6 +48,14 @@ class PagedKVSpec:
     def group_block_bytes(self, block_size: int) -> dict[str, int]:
         per_layer = block_size * 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
         return {kind: per_layer * self.layer_types.count(kind) for kind in self.kv_groups}
+
+    def state_kinds(self, block_size: int, itemsize: int) -> tuple[StateKind, ...]:
+        per_layer = 2 * self.num_kv_heads * self.head_dim * itemsize  # K and V
+        counts = {kind: self.layer_types.count(kind) for kind in self.kv_groups}
+        return tuple(
+            StateKind(f"{kind} attention K/V ({count} layers)", kind, per_layer * count)
+            for kind, count in counts.items()
+        )
 
     def state_dtype(self, dtype: DType, kv_cache_dtype: DType) -> DType:
         return kv_cache_dtype

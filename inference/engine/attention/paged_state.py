@@ -14,6 +14,7 @@ A new kind of state is a new spec, never a branch in the engine or the runner.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -22,6 +23,15 @@ from inference.engine.attention.attention_backend import MetadataBuilder
 from inference.engine.kv.partial_blocks import BlockCopy
 
 DType = TypeVar("DType", str, torch.dtype)  # a dtype's name (config) or the dtype itself
+
+
+@dataclass(frozen=True, slots=True)
+class StateKind:
+    """One kind of per-token state: its bytes per token (per rank) and the group holding it."""
+
+    name: str
+    group: str  # "full" | "sliding"
+    bytes_per_token: float
 
 
 class PagedState(Protocol):
@@ -56,6 +66,11 @@ class PagedStateSpec(Protocol):
 
     def group_block_bytes(self, block_size: int) -> dict[str, int]:
         """fp32 bytes one block of each KV group holds across its layers."""
+        ...
+
+    def state_kinds(self, block_size: int, itemsize: int) -> tuple[StateKind, ...]:
+        """Each kind of state a token holds, held at `itemsize` bytes an element (what the
+        memory plan reports; they add up to group_block_bytes at that itemsize)."""
         ...
 
     def state_dtype(self, dtype: DType, kv_cache_dtype: DType) -> DType:

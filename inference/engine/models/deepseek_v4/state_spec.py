@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.attention.paged_state import DType
-from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.attention.paged_state import DType, StateKind
+from inference.engine.models.deepseek_v4.config import CSA, HCA, DeepseekV4Config
 from inference.engine.models.deepseek_v4.state import (
     DeepseekV4MetadataBuilder,
     DeepseekV4State,
@@ -54,6 +54,38 @@ class DeepseekV4StateSpec:
             "full": self.config.entry_bytes_per_block(block_size),
             "sliding": block_size * self.config.window_bytes_per_token(),
         }
+
+    def state_kinds(self, block_size: int, itemsize: int) -> tuple[StateKind, ...]:
+        config = self.config
+        kinds = config.attention_kinds
+        num_csa, num_hca = kinds.count(CSA), kinds.count(HCA)
+        hd, ihd = config.head_dim, config.index_head_dim
+        num_windows = config.num_layers + min(config.num_mtp_layers, 1)
+        return (
+            StateKind(
+                f"sliding window K=V ({num_windows} layers)", "sliding", num_windows * hd * itemsize
+            ),
+            StateKind(
+                f"CSA compressor inputs ({num_csa} layers)",
+                "sliding",
+                num_csa * config.projection_width(CSA) * itemsize,
+            ),
+            StateKind(
+                f"HCA compressor inputs ({num_hca} layers)",
+                "sliding",
+                num_hca * config.projection_width(HCA) * itemsize,
+            ),
+            StateKind(
+                f"CSA entries + indexer keys ({num_csa} layers, 1 per {config.csa_rate} tokens)",
+                "full",
+                num_csa * (hd + ihd) * itemsize / config.csa_rate,
+            ),
+            StateKind(
+                f"HCA entries ({num_hca} layers, a slot per {block_size}-token block)",
+                "full",
+                num_hca * hd * itemsize / block_size,
+            ),
+        )
 
     def state_dtype(self, dtype: DType, kv_cache_dtype: DType) -> DType:
         """The model's dtype: kv_cache_dtype does not apply to this state (the engine logs
