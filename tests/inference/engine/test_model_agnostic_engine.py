@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 import inference.engine
+from inference.engine.memory_plan import model_spec
+from inference.engine.models import ARCHITECTURES
 
 ENGINE = Path(inference.engine.__file__).parent
 FILES = [
@@ -67,3 +69,23 @@ def test_the_engine_loop_and_the_runner_name_no_model(path):
 def test_the_walk_sees_a_model_branch(planted):
     assert model_branches(planted)
     assert not model_branches('dtype = getattr(torch, "float32")\nraise ValueError("DeepSeek")')
+
+
+# One model of every architecture (ARCHITECTURES), by a name memory_plan knows without weights.
+MODELS = {
+    "llama": "smollm2-tiny-random",
+    "gemma3": "gemma3-tiny-random",
+    "deepseek_v4": "deepseek-v4-flash",
+}
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_every_architecture_says_what_its_paged_state_is(block_size):
+    assert set(MODELS) == set(ARCHITECTURES)
+    for arch, name in MODELS.items():
+        spec = model_spec(name).config.paged_state_spec()
+        group_bytes = spec.group_block_bytes(block_size)
+        assert tuple(group_bytes) == spec.kv_groups, arch
+        for group, size in group_bytes.items():  # fp32: 4 bytes an element
+            kinds = [k for k in spec.state_kinds(block_size, 4) if k.group == group]
+            assert sum(k.bytes_per_token for k in kinds) * block_size == size, (arch, group)
