@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import inference.engine
+from inference.engine import SamplingParams
 from inference.engine.memory_plan import model_spec
 from inference.engine.models import ARCHITECTURES
 
@@ -89,3 +90,15 @@ def test_every_architecture_says_what_its_paged_state_is(block_size):
         for group, size in group_bytes.items():  # fp32: 4 bytes an element
             kinds = [k for k in spec.state_kinds(block_size, 4) if k.group == group]
             assert sum(k.bytes_per_token for k in kinds) * block_size == size, (arch, group)
+
+
+def test_a_state_without_kernels_runs_the_torch_path_when_triton_is_asked(make_v4_engine, caplog):
+    """attention_backend="triton" ("auto" on CUDA) on a state with no kernels yet: the runner
+    says so and plans the torch path, whatever the model (no device check: this is the CPU)."""
+    engine = make_v4_engine(attention_backend="triton")
+    assert not engine.runner.metadata_builder.use_kernels
+    assert "has no kernel for DeepseekV4ForCausalLM's attention yet" in caplog.text
+    (out,) = engine.generate(
+        [[5, 6, 7, 8]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    )
+    assert len(out.token_ids) == 2
