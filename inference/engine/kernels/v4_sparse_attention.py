@@ -42,6 +42,7 @@ __all__ = ["sparse_attention", "sparse_attention_reference"]
 BLOCK_H = 16  # query heads per program: tl.dot's smallest M on tensor cores
 MAX_PARTS = 3
 MAX_SPLITS = 16
+_LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # a global a @triton.jit function may read
 
 
 @triton.jit
@@ -85,7 +86,7 @@ def _sparse_attention_kernel(
                 other=0.0)  # fmt: skip
     if UPCAST:
         q = q.to(tl.float32)
-    sink = tl.load(sinks_ptr + h, mask=h_mask, other=0.0).to(tl.float32) * LOG2E
+    sink = tl.load(sinks_ptr + h, mask=h_mask, other=0.0).to(tl.float32) * _LOG2E_IN_KERNEL
     first = split == 0  # the sinks are counted once, in split 0
     m_i = tl.where(first, sink, float("-inf"))
     l_i = tl.where(first, tl.full([BLOCK_H], 1.0, tl.float32), tl.zeros([BLOCK_H], tl.float32))
