@@ -173,7 +173,10 @@ def sparse_attention(
     head_blocks = -(-num_heads // BLOCK_H)
     widths = [rows.shape[1] for _, rows in parts]
     if num_splits is None:
-        num_splits = _default_splits(device, num_queries * head_blocks, max(widths), block_n)
+        num_sms = 0
+        if device.type == "cuda":
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        num_splits = default_num_splits(num_queries * head_blocks, max(widths), block_n, num_sms)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {num_splits}")
     # Each split takes a tile-aligned slice of every part: split s reads [s·c, (s+1)·c).
@@ -204,11 +207,10 @@ def sparse_attention(
     return out
 
 
-def _default_splits(device: torch.device, num_programs: int, width: int, block_n: int) -> int:
-    """Split-K where the (query, head block) programs cannot fill the GPU (twice its SMs):
-    enough splits to do so, none shorter than a tile of the widest part."""
-    if device.type != "cuda":
+def default_num_splits(num_programs: int, width: int, block_n: int, num_sms: int) -> int:
+    """Split-K where the (query, head block) programs cannot fill the GPU (twice its SMs;
+    num_sms 0 off CUDA): enough splits to do so, none shorter than a tile of the widest part."""
+    if num_sms == 0:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    wanted = -(-2 * sms // num_programs)
+    wanted = -(-2 * num_sms // num_programs)
     return max(1, min(wanted, -(-width // block_n), MAX_SPLITS))

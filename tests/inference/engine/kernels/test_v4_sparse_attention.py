@@ -14,6 +14,7 @@ import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
 from inference.engine.kernels.v4_sparse_attention import (
+    default_num_splits,
     sparse_attention,
     sparse_attention_reference,
 )
@@ -157,6 +158,15 @@ def test_sparse_attention_launcher_refuses_bad_inputs(change, message):
     sinks = torch.zeros(change.get("sinks_len", 4))
     with pytest.raises(ValueError, match=message):
         sparse_attention(q, parts, sinks, 0.25, num_splits=change.get("num_splits"))
+
+
+def test_split_k_only_where_the_programs_cannot_fill_the_gpu():
+    # V4 Flash on an H100 (132 SMs): 64 heads are 4 programs a query; window 128 + 512 picks.
+    assert default_num_splits(4 * 4, 512, 32, 132) == 16  # decode at 4 in flight
+    assert default_num_splits(16 * 4, 512, 32, 132) == 5  # at 16: 320 programs
+    assert default_num_splits(1024 * 4, 512, 32, 132) == 1  # a prefill chunk fills it alone
+    assert default_num_splits(4 * 4, 40, 32, 132) == 2  # no split shorter than a tile
+    assert default_num_splits(4, 512, 32, 0) == 1  # off CUDA (the interpreter)
 
 
 # ---- the tiny model, torch path vs kernel -----------------------------------------------------
