@@ -12,6 +12,8 @@ its torch reference:
   weights, dequantized a tile at a time in registers
 - quantized_dispatch: what a model calls for those (CUDA: the kernels; else the torch path, which
   is their reference)
+- v4_sparse_attention: DeepSeek-V4's attention, each query over the pool rows it reads (window
+  slots and compressed entries, -1 padded), K = V, with the sinks; split-K for small batches
 
 The kernel modules import triton; metadata, reference and quantized_dispatch are plain torch,
 and the torch path (inference/engine/attention/attention.py) never imports triton. On CPU the

@@ -1,8 +1,10 @@
 """DeepSeek-V4's attention: the sliding-window K=V branch every layer has, with sinks and the
 grouped output projection; CSA's overlapping compressor and lightning indexer; HCA's compressor.
 It reads and writes the request state laid out in deepseek_v4.state, every sequence of the step
-in one batch (torch; no kernel yet): each query gathers its own keys through the step's tables
-(deepseek_v4.step_tables), padded with -1 and masked, so no layer loops over sequences.
+in one batch: each query reads its own keys through the step's tables (deepseek_v4.step_tables),
+padded with -1 and masked, so no layer loops over sequences. The attention itself is
+kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels, else
+its torch reference (kernels/reference.py), which gathers the keys.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.kernels.reference import sparse_attention_reference
 from inference.engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.layers import (
     RMSNorm,
@@ -185,7 +188,7 @@ class Attention(nn.Module):
                 keys.append((state.entries, picked))
             elif entries is not None:
                 keys.append((state.entries, entries[rows]))
-            out[rows] = self._attend(q[rows], keys)
+            out[rows] = self._attend(q[rows], keys, meta.use_kernels)
         out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
         grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
         return self.o_b_proj(self.o_a_proj(grouped))
@@ -220,16 +223,14 @@ class Attention(nn.Module):
             )
             state.index_entries[closing.entry_rows] = keys.to(state.index_entries.dtype)
 
-    def _attend(self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]):
+    def _attend(
+        self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]], use_kernels: bool
+    ) -> torch.Tensor:
         """(Q, H, D): each query over the pool rows it reads, (pool, rows (Q, K) -1 padded)
-        per part, with the sinks in the softmax."""
-        rows = torch.cat([r for _, r in keys], dim=1)  # (Q, K)
-        gathered = torch.cat(
-            [pool[r.clamp(min=0)].to(q.dtype).float() for pool, r in keys], dim=1
-        )  # (Q, K, D)
-        logits = torch.matmul(q.float(), gathered.transpose(1, 2)) * self.scale  # (Q, H, K)
-        logits = logits.masked_fill((rows < 0)[:, None, :], float("-inf"))
-        sinks = self.sinks.float()[None, :, None].expand(q.shape[0], -1, 1)
-        combined = torch.cat([logits, sinks], dim=-1)
-        probs = (combined - combined.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
-        return torch.matmul(probs, gathered).to(q.dtype)
+        per part, with the sinks in the softmax: the triton kernel reads the rows in place, the
+        torch reference gathers them."""
+        if use_kernels:
+            from inference.engine.kernels.v4_sparse_attention import sparse_attention
+
+            return sparse_attention(q, keys, self.sinks, self.scale)
+        return sparse_attention_reference(q, keys, self.sinks, self.scale)

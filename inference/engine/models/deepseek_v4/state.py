@@ -168,13 +168,22 @@ class DeepseekV4Metadata:
     sequences: list[SequenceState]
     window_slots: torch.Tensor  # (T,)
     tables: StepTables
+    use_kernels: bool = False  # the step runs V4's triton kernels (kernels/v4_*.py)
 
 
 class DeepseekV4MetadataBuilder:
-    """The torch path's metadata for DeepSeek-V4 (its attention has no kernel yet)."""
+    """DeepSeek-V4's per-step metadata; with use_kernels its attention runs the triton kernels
+    (CUDA, or CPU under the interpreter) instead of their torch references."""
 
-    def __init__(self, config: DeepseekV4Config, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: DeepseekV4Config,
+        block_size: int,
+        device: torch.device,
+        use_kernels: bool = False,
+    ) -> None:
         check_block_size(config, block_size)
+        self.use_kernels = use_kernels
         self.block_size = block_size
         self.csa_entries_per_block = block_size // config.csa_rate
         self.window = config.sliding_window
@@ -197,4 +206,9 @@ class DeepseekV4MetadataBuilder:
         tables = StepTables.build(
             sequences, self.block_size, self.csa_entries_per_block, self.window, self.device
         )
-        return DeepseekV4Metadata(sequences, _index(sliding.slot_mapping).to(self.device), tables)
+        return DeepseekV4Metadata(
+            sequences,
+            _index(sliding.slot_mapping).to(self.device),
+            tables,
+            use_kernels=self.use_kernels,
+        )
