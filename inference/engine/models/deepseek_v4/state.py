@@ -168,6 +168,7 @@ class DeepseekV4Metadata:
     sequences: list[SequenceState]
     window_slots: torch.Tensor  # (T,)
     tables: StepTables
+    use_kernels: bool = False  # the step runs V4's triton kernels (kernels/v4_*.py)
 
 
 class DeepseekV4MetadataBuilder:
