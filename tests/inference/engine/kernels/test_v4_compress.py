@@ -50,7 +50,7 @@ def _inputs(rng, gen, *, num_windows, rate, head_dim, rope_dim, overlap, column,
     ("kind", "rate", "head_dim", "rope_dim", "column"),
     [("csa", 4, 16, 8, 0), ("csa indexer", 4, 8, 8, 70), ("hca", 8, 16, 4, 0)],
 )
-@pytest.mark.parametrize("tile_elements", [4096, 16])  # one tile of positions, or several
+@pytest.mark.parametrize("tile_elements", [8192, 32])  # one tile of positions, or several
 def test_compress_pool_matches_the_reference(
     kind, rate, head_dim, rope_dim, column, tile_elements, dtype, seed, tolerance, monkeypatch
 ):
