@@ -45,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     from benchmarks.lib.gpu_kernels import copy_bandwidth_gb_per_s, run_kernel_benchmarks
+    from benchmarks.lib.gpu_v4_kernels import v4_indexer_compress_cases
 
     started = time.monotonic()
     device = torch.device("cuda")
@@ -52,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
           f"{'quick' if args.quick else 'full'} run")  # fmt: skip
     copy_gbs = copy_bandwidth_gb_per_s(device, args.quick)
     kernels = run_kernel_benchmarks(device, args.quick)
+    kernels += v4_indexer_compress_cases(device, torch.Generator().manual_seed(0), args.quick)
     print(_kernel_table(kernels, copy_gbs))
     engines = []
     if not args.skip_engine:
