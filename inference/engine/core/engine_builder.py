@@ -1,11 +1,13 @@
 """Assembling an engine from its EngineConfig: load the model (this rank's shard of it), size the
 KV cache, and build the KV cache manager, pinned heads, scheduler, structured-output manager,
-runner and KV tiers. Each component's keywords are filled from its own sub-config here, and
-nowhere else (LLMEngine only runs what this returns).
+runner and KV tiers. Each component gets its own sub-config, plus the facts only the loaded
+model and the memory budget decide (the KV cache's KVCacheSpec, the resolved max_model_len);
+LLMEngine only runs what this returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +17,7 @@ import torch
 from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.distributed.executor import TensorParallelExecutor
-from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
+from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager, KVCacheSpec
 from inference.engine.kv.pinned_heads import PinnedHeads
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
@@ -104,34 +106,20 @@ def build_engine(
             f"({window} tokens) plus a prefill chunk ({scheduling.max_num_batched_tokens}) "
             f"needs {min_window}: raise its budget or lower max_num_batched_tokens"
         )
-    kv_cache_manager = KVCacheManager(
+    spec = KVCacheSpec(
         num_blocks,
-        cache.block_size,
-        cache.enable_prefix_caching,
         loaded.fingerprint,
         sliding_window=_sliding_window(config, loaded.config),
         num_sliding_blocks=num_window_blocks,
-        retention_interval=cache.retention_interval,
-        exact_reuse=cache.enable_partial_block_reuse,
-        junction_checkpoints=cache.enable_junction_checkpoints,
         bounded_replay=_bounded_replay(config, loaded.config),
     )
+    kv_cache_manager = KVCacheManager(cache, spec)
     scheduler = Scheduler(
+        dataclasses.replace(scheduling, max_model_len=max_model_len),
         kv_cache_manager,
-        scheduling.max_num_seqs,
-        scheduling.max_num_batched_tokens,
-        # A full-attention model already shares a head computed in the same step (blocks are
-        # registered when allocated and each layer writes before it reads); holding requests
-        # back would only add a step. A sliding-window model needs the checkpoint.
-        enable_shared_prefill=scheduling.enable_shared_prefill
-        and cache.enable_prefix_caching
-        and kv_cache_manager.sliding is not None,
         tokenizer=loaded.tokenizer,
-        max_model_len=max_model_len,
-        enable_jump_forward=scheduling.enable_jump_forward,
         drafter=_drafter(config, loaded.model),
         num_speculative_tokens=config.speculative.num_speculative_tokens,
-        prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
     )
     structured = StructuredOutputManager(
         loaded.tokenizer, loaded.config.vocab_size, config.structured_output
