@@ -84,7 +84,7 @@ class Forward:
 class StepRecorder:
     """Hooks on a DeepSeek-V4 model: a pre-hook on the model notes each forward's start and
     positions, a hook on every router (MTP's aside) keeps the expert ids it chose. Nothing is
-    synchronized or counted inside the step: the tensors are kept and read afterwards."""
+    synchronized or counted inside the step: copies are kept and read afterwards."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         from inference.engine.models.deepseek_v4.moe import Router
@@ -99,10 +99,10 @@ class StepRecorder:
             raise ValueError(f"{type(model).__name__} has no DeepSeek-V4 router to observe")
 
     def _on_forward(self, module, args) -> None:
-        self.forwards.append(Forward(time.perf_counter(), args[1]))
+        self.forwards.append(Forward(time.perf_counter(), args[1].clone()))
 
     def _on_route(self, experts: str, module, args, output) -> None:
-        self.forwards[-1].routes[experts] = output[0]
+        self.forwards[-1].routes[experts] = output[0].clone()  # a buffer may be reused
 
     def close(self) -> None:
         for handle in self._handles:
@@ -274,7 +274,13 @@ def _describe(checkpoint: Path, config) -> dict:
     }
 
 
-def engine_for(checkpoint: Path, device: str, max_in_flight: int, prompt_tokens: int):
+def engine_for(
+    checkpoint: Path,
+    device: str,
+    max_in_flight: int,
+    prompt_tokens: int,
+    num_threads: int | None = None,
+):
     from inference.engine import EngineConfig, LLMEngine
 
     return LLMEngine(
@@ -285,6 +291,7 @@ def engine_for(checkpoint: Path, device: str, max_in_flight: int, prompt_tokens:
             max_num_batched_tokens=max(1024, prompt_tokens),
             enable_prefix_caching=False,  # every prompt is computed: no run reuses another's
             enable_cuda_graphs=False,  # the hooks must see every step (module docstring)
+            num_threads=num_threads,
         )
     )
 
@@ -297,7 +304,9 @@ def run(args: argparse.Namespace) -> V4StepResult:
         started = time.perf_counter()
         if ensure_checkpoint(checkpoint, checkpoint_config(args.size, args.layers)):
             progress(f"v4-step: wrote {checkpoint} in {time.perf_counter() - started:.0f} s")
-        engine = engine_for(checkpoint, args.device, max(in_flight), args.prompt_tokens)
+        engine = engine_for(
+            checkpoint, args.device, max(in_flight), args.prompt_tokens, args.threads
+        )
         try:
             return measure(
                 engine, checkpoint, in_flight,
@@ -368,7 +377,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--in-flight", default="1,4,8", help="comma-separated, starting at 1")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="each prompt's tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="each prompt's tokens")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="the engine's torch threads (default torch's)"
+    )
     parser.add_argument("--steps", type=int, default=8, help="decode steps at each in-flight")
     add_arguments(parser, "seed", "json", "json_out")
 
@@ -382,7 +394,7 @@ def main(args: argparse.Namespace) -> int:
     machine = {
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
         "cpu": cpu_model(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": args.threads or torch.get_num_threads(),
         "date": started,
         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # start, end
     }
