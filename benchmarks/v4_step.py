@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import random
 import statistics
@@ -59,8 +60,16 @@ def checkpoint_config(size: str, num_layers: int | None = None) -> dict:
 
 
 def ensure_checkpoint(path: Path, config: dict) -> bool:
-    """Write the packed checkpoint of `config` into `path` unless one is there; True if written."""
+    """Write the packed checkpoint of `config` into `path` unless one is there; True if written.
+    ValueError if the one there has another shape."""
     if (path / "config.json").is_file():
+        held = json.loads((path / "config.json").read_text())
+        keys = ("num_hidden_layers", "hidden_size", "n_routed_experts", "moe_intermediate_size")
+        if any(held.get(key) != config[key] for key in keys):
+            raise ValueError(
+                f"{path} holds another checkpoint ({', '.join(f'{k} {held.get(k)}' for k in keys)})"
+                "; give --size/--layers to match it, or another --checkpoint"
+            )
         return False
     from inference.engine.models.deepseek_v4.packed_checkpoint import write_packed_checkpoint
 

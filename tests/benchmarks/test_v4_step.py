@@ -63,6 +63,9 @@ def test_cpu_step_bytes_grow_with_in_flight_and_the_json_has_them(tmp_path, caps
     assert two["bytes"] > one["bytes"] and two["state_bytes"] > one["state_bytes"]
     assert two["bytes_ratio"] == pytest.approx(two["bytes"] / one["bytes"])
     assert one["step_s"] > 0 and one["quotient"] == 1.0
+    # The checkpoint is reused, and refused where it is not the shape asked for.
+    assert main([*argv[:5], "--layers", "2"]) == 2
+    assert "holds another checkpoint" in capsys.readouterr().err
 
 
 def test_gpu_v4_section_runs_on_the_cpu() -> None:
