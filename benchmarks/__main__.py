@@ -22,6 +22,7 @@ from benchmarks import (
     tensor_parallel,
     tiers,
     town,
+    v4_step,
     weights_agreement,
 )
 
@@ -39,6 +40,7 @@ MODES = {
     "tensor-parallel": (tensor_parallel, "what splitting a model over ranks costs"),
     "load-checkpoint": (load_checkpoint, "load time and memory of a DeepSeek-V4 checkpoint"),
     "roofline": (roofline, "DeepSeek-V4's decode bound from memory bandwidth (config only)"),
+    "v4-step": (v4_step, "DeepSeek-V4's decode step time against the bytes it reads"),
     "gpu": (gpu, "kernels at real sizes and the engine on CUDA (needs a GPU)"),
 }
 

@@ -7,6 +7,8 @@
    with the prefix cache on and off, decode tokens/s at 4 / 16 / 64 in flight, and the same
    decode measure on this machine's CPU (torch path) for the ×10 target. SmolLM2, then
    Gemma 3 270M when that model name is registered.
+3. DeepSeek-V4: a mid-size FP8/FP4 checkpoint decoding at 1 / 4 / 16 in flight (tokens/s, the
+   bytes a step reads and their share of the copy bandwidth) and its prefill (lib/gpu_v4.py).
 
 Prints one table; progress goes to stderr. Exit status: 0 when every kernel matched its
 reference, 1 when one did not, 2 without CUDA. A full run takes ~3-5 minutes on an H200
@@ -45,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     from benchmarks.lib.gpu_kernels import copy_bandwidth_gb_per_s, run_kernel_benchmarks
+    from benchmarks.lib.gpu_v4_kernels import v4_indexer_compress_cases
 
     started = time.monotonic()
     device = torch.device("cuda")
@@ -52,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
           f"{'quick' if args.quick else 'full'} run")  # fmt: skip
     copy_gbs = copy_bandwidth_gb_per_s(device, args.quick)
     kernels = run_kernel_benchmarks(device, args.quick)
+    kernels += v4_indexer_compress_cases(device, torch.Generator().manual_seed(0), args.quick)
     print(_kernel_table(kernels, copy_gbs))
     engines = []
     if not args.skip_engine:
@@ -72,8 +76,24 @@ def main(args: argparse.Namespace) -> int:
                 print(f"\n{model}: failed: {type(exc).__name__}: {exc}")
         for result in engines:
             print(_engine_table(result))
+        _v4_section(device, args.quick, copy_gbs, started + TIME_BUDGET_S)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
     return 0 if all(k.ok for k in kernels) else 1
+
+
+def _v4_section(device: torch.device, quick: bool, copy_gbs: float, deadline: float) -> None:
+    """DeepSeek-V4's mid-size packed checkpoint at 1 / 4 / 16 in flight (lib/gpu_v4.py)."""
+    if time.monotonic() > deadline:
+        print(f"\ndeepseek-v4: skipped, the {TIME_BUDGET_S} s budget is spent")
+        return
+    from benchmarks.lib.gpu_v4 import run_v4_section, v4_table
+
+    try:
+        result = run_v4_section("cuda", quick)
+    except Exception as exc:  # like a model above: its failure must not hide the other numbers
+        print(f"\ndeepseek-v4: failed: {type(exc).__name__}: {exc}")
+        return
+    print(v4_table(result, copy_gbs, torch.cuda.get_device_name(device)))
 
 
 def _kernel_table(kernels, copy_gbs: float) -> str:

@@ -1,7 +1,8 @@
 """The GPU benchmark, part 1: the kernels at real sizes on CUDA — checked against their torch
 references, then timed (triton's do_bench, median) against the bytes they must move and a
 measured device-to-device copy. The quantized matmuls count the packed weight bytes they read
-(weights and scales of the experts a batch touches): what bounds a V4 Flash decode step."""
+(weights and scales of the experts a batch touches): what bounds a V4 Flash decode step. V4's
+sparse attention counts the pool rows its queries read (each query's own, once)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from inference.engine.kernels.quantized_dispatch import (
 )
 from inference.engine.kernels.quantized_matmul import fp4_grouped_matmul, fp8_block_linear
 from inference.engine.kernels.store_kv import store_kv, store_kv_reference
+from inference.engine.kernels.v4_sparse_attention import (
+    sparse_attention,
+    sparse_attention_reference,
+)
 from inference.engine.models.packed.formats import quantize_fp8
 
 BLOCK_SIZE = 16
@@ -211,6 +216,47 @@ def quantized_cases(device, gen, quick: bool) -> list[KernelTiming]:
     ]
 
 
+def v4_attention_case(name, num_queries, num_entries, gen, device, heads=64, head_dim=512):
+    """V4 Flash's attention: 64 heads of 512 over one K=V row per key, each query reading the
+    window's 128 slots and `num_entries` compressed entries (CSA's top-512 picks, or HCA's
+    entries so far), a random ~1/8 of the entry ids -1 (queries that see fewer)."""
+    window_pool = _randn((4096, head_dim), device)
+    entry_pool = _randn((max(4 * num_entries, 4096), head_dim), device)
+    window = torch.stack(
+        [torch.randperm(window_pool.shape[0], generator=gen)[:128] for _ in range(num_queries)]
+    )
+    entries = torch.stack(
+        [torch.randperm(entry_pool.shape[0], generator=gen)[:num_entries]
+         for _ in range(num_queries)]
+    )  # fmt: skip
+    entries[torch.rand(entries.shape, generator=gen) < 0.125] = -1
+    parts = [(window_pool, window.to(device)), (entry_pool, entries.to(device))]
+    q = _randn((num_queries, heads, head_dim), device)
+    sinks = _randn((heads,), device)
+    scale = head_dim**-0.5
+    keys = int((window >= 0).sum() + (entries >= 0).sum())
+    moved = 2 * keys * head_dim + 8 * (window.numel() + entries.numel()) + 2 * 2 * q.numel()
+    return _checked(
+        name, f"{num_queries} queries × (128 window + {num_entries} entries), H{heads}/D{head_dim}",
+        lambda: sparse_attention(q, parts, sinks, scale),
+        lambda: sparse_attention_reference(q, parts, sinks, scale),
+        _median_ms, moved, 4.0 * keys * heads * head_dim,
+    )  # fmt: skip
+
+
+def v4_attention_cases(device, gen, quick: bool) -> list[KernelTiming]:
+    """Decode at the talk's 4 and at 16 in flight (CSA: 512 picks; HCA at 64k tokens: 512
+    entries), and a prefill chunk."""
+    cases = [
+        v4_attention_case("v4 sparse attention", 4, 512, gen, device),
+        v4_attention_case("v4 sparse attention", 16, 512, gen, device),
+        v4_attention_case("v4 sparse attention", 256 if quick else 1024, 512, gen, device),
+    ]
+    if not quick:  # HCA at a 4k-token context: 32 entries beside the window
+        cases.append(v4_attention_case("v4 sparse attention", 16, 32, gen, device))
+    return cases
+
+
 def _median_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -235,4 +281,9 @@ def run_kernel_benchmarks(device: torch.device, quick: bool) -> list[KernelTimin
             decode_case(f"decode (partition {p})", 64, context, 9, 3, 64, None, device, gen, p)
             for p in (256, 1024)
         ]
-    return results + copy_slots_cases(30, 3, 64, device, gen) + quantized_cases(device, gen, quick)
+    return (
+        results
+        + copy_slots_cases(30, 3, 64, device, gen)
+        + quantized_cases(device, gen, quick)
+        + v4_attention_cases(device, gen, quick)
+    )

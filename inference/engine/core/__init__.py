@@ -4,8 +4,10 @@
 `engine_builder` (an EngineConfig becomes the model, the KV cache manager, the scheduler, the
 runner, ...), `input_processor` (a prompt becomes a checked Request), `scheduler` (continuous
 batching, chunked prefill, preemption; what a step's tokens do to its requests),
-`detokenizer`. The data types it shares with the floors below live at the engine's root
-(`request`, `sampling_params`, `scheduler_output`, `metrics`, `request_errors`, `outputs`).
-Imports the engine's other folders (kv/, runner/, structured_output/, loading/); none of them
-imports this one (tests/test_import_contracts.py), and nothing Django-side.
+`output_processor` (a request's output or stream to its caller), `detokenizer`, `engine_stats`
+(the EngineStats snapshot from the components' own). The data types it shares with the
+floors below live at the engine's root (`request`, `sampling_params`, `scheduler_output`,
+`metrics`, `request_errors`, `outputs`). Imports the engine's other folders (kv/, runner/,
+structured_output/, loading/); none of them imports this one (tests/test_import_contracts.py),
+and nothing Django-side.
 """

@@ -1,11 +1,13 @@
 """Assembling an engine from its EngineConfig: load the model (this rank's shard of it), size the
 KV cache, and build the KV cache manager, pinned heads, scheduler, structured-output manager,
-runner and KV tiers. Each component's keywords are filled from its own sub-config here, and
-nowhere else (LLMEngine only runs what this returns).
+runner and KV tiers. Each component gets its own sub-config, plus the facts only the loaded
+model and the memory budget decide (the KV cache's KVCacheSpec, the resolved max_model_len);
+LLMEngine only runs what this returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from inference.engine.attention.paged_state import PagedStateSpec
 from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.distributed.executor import TensorParallelExecutor
-from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager
+from inference.engine.kv.kv_cache_manager import BoundedReplay, KVCacheManager, KVCacheSpec
 from inference.engine.kv.pinned_heads import PinnedHeads
 from inference.engine.kv.tiers.block_file import BlockLayout
 from inference.engine.kv.tiers.disk_tier import DiskTier
@@ -72,8 +74,8 @@ def build_engine(
     if executor is not None:
         loaded = executor.shard(loaded)  # the KV cache below is this rank's shard too
     max_model_len = min(scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len)
-    spec = loaded.config.paged_state_spec()  # what the model's paged state is
-    kv_cache_dtype = spec.state_dtype(running.dtype, running.kv_cache_dtype)
+    state_spec = loaded.config.paged_state_spec()  # what the model's paged state is
+    kv_cache_dtype = state_spec.state_dtype(running.dtype, running.kv_cache_dtype)
     if kv_cache_dtype != running.kv_cache_dtype:
         logger.warning(
             "%s keeps its attention state in %s: kv_cache_dtype=%s does not apply to it",
@@ -85,14 +87,14 @@ def build_engine(
     # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
     group_bytes = {
         group: size * dtype.itemsize // 4
-        for group, size in spec.group_block_bytes(cache.block_size).items()
+        for group, size in state_spec.group_block_bytes(cache.block_size).items()
     }
     # A running request holds its window plus one prefill chunk in the sliding group (with
     # equal counts, the check of a prompt against num_blocks covers it).
-    window = spec.sliding_window or 0
+    window = state_spec.sliding_window or 0
     min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
     num_blocks, num_window_blocks = kv_block_counts(
-        cache, group_bytes, has_window_budget=spec.has_window_budget
+        cache, group_bytes, has_window_budget=state_spec.has_window_budget
     )
     if num_window_blocks != num_blocks and num_window_blocks < min_window:
         raise ValueError(
@@ -100,34 +102,20 @@ def build_engine(
             f"({window} tokens) plus a prefill chunk ({scheduling.max_num_batched_tokens}) "
             f"needs {min_window}: raise its budget or lower max_num_batched_tokens"
         )
-    kv_cache_manager = KVCacheManager(
+    spec = KVCacheSpec(
         num_blocks,
-        cache.block_size,
-        cache.enable_prefix_caching,
         loaded.fingerprint,
-        sliding_window=_sliding_window(config, spec),
+        sliding_window=_sliding_window(config, state_spec),
         num_sliding_blocks=num_window_blocks,
-        retention_interval=cache.retention_interval,
-        exact_reuse=cache.enable_partial_block_reuse,
-        junction_checkpoints=cache.enable_junction_checkpoints,
-        bounded_replay=_bounded_replay(config, spec),
+        bounded_replay=_bounded_replay(config, state_spec),
     )
+    kv_cache_manager = KVCacheManager(cache, spec)
     scheduler = Scheduler(
+        dataclasses.replace(scheduling, max_model_len=max_model_len),
         kv_cache_manager,
-        scheduling.max_num_seqs,
-        scheduling.max_num_batched_tokens,
-        # A full-attention model already shares a head computed in the same step (blocks are
-        # registered when allocated and each layer writes before it reads); holding requests
-        # back would only add a step. A sliding-window model needs the checkpoint.
-        enable_shared_prefill=scheduling.enable_shared_prefill
-        and cache.enable_prefix_caching
-        and kv_cache_manager.sliding is not None,
         tokenizer=loaded.tokenizer,
-        max_model_len=max_model_len,
-        enable_jump_forward=scheduling.enable_jump_forward,
         drafter=_drafter(config, loaded.model.has_mtp),
         num_speculative_tokens=config.speculative.num_speculative_tokens,
-        prefill_chunk_while_decoding=scheduling.prefill_chunk_while_decoding,
     )
     structured = StructuredOutputManager(
         loaded.tokenizer, loaded.config.vocab_size, config.structured_output
@@ -151,7 +139,7 @@ def build_engine(
     offloader = None
     if cache.has_tiers:
         offloader = _kv_offloader(
-            config, spec, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
+            config, state_spec, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
         )
     return EngineParts(
         memory_plan=memory_plan,
@@ -207,7 +195,7 @@ def kv_block_counts(
 
 
 def _kv_tiers_unsupported(
-    config: EngineConfig, spec: PagedStateSpec, is_parallel: bool
+    config: EngineConfig, state_spec: PagedStateSpec, is_parallel: bool
 ) -> str | None:
     """Why the KV tiers cannot store this engine's KV, or None when they can."""
     if is_parallel:
@@ -215,14 +203,14 @@ def _kv_tiers_unsupported(
             "the KV tiers do not read a tensor-parallel engine's KV shards yet; use them "
             "with tensor_parallel_size=1"
         )
-    if spec.kv_tiers_unsupported is not None:
-        return f"model {config.model} {spec.kv_tiers_unsupported}"
+    if state_spec.kv_tiers_unsupported is not None:
+        return f"model {config.model} {state_spec.kv_tiers_unsupported}"
     return None
 
 
 def _kv_offloader(
     config: EngineConfig,
-    spec: PagedStateSpec,
+    state_spec: PagedStateSpec,
     runner: ModelRunner | TensorParallelExecutor,
     executor: TensorParallelExecutor | None,
     kv_cache_manager: KVCacheManager,
@@ -231,7 +219,7 @@ def _kv_offloader(
 ) -> KVOffloader | None:
     """The tiers below the device pool (kv/tiers), for every KV cache group."""
     cache = config.cache
-    unsupported = _kv_tiers_unsupported(config, spec, executor is not None)
+    unsupported = _kv_tiers_unsupported(config, state_spec, executor is not None)
     if unsupported and cache.kv_tiers_where_supported:
         logger.info("KV tiers off for this engine: %s", unsupported)
         return None
@@ -285,22 +273,22 @@ def _drafter(config: EngineConfig, has_mtp: bool) -> Drafter | None:
     return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
 
-def _bounded_replay(config: EngineConfig, spec: PagedStateSpec) -> BoundedReplay | None:
+def _bounded_replay(config: EngineConfig, state_spec: PagedStateSpec) -> BoundedReplay | None:
     if not config.cache.enable_bounded_replay:
         return None
-    alignment = spec.replay_alignment
+    alignment = state_spec.replay_alignment
     if alignment is None:
         raise ValueError(
             f"enable_bounded_replay is DeepSeek's scheme for DeepSeek-V4; model "
             f"{config.model} has no compressed state to replay over"
         )
-    return BoundedReplay(int(spec.sliding_window), int(alignment))
+    return BoundedReplay(int(state_spec.sliding_window), int(alignment))
 
 
-def _sliding_window(config: EngineConfig, spec: PagedStateSpec) -> int | None:
+def _sliding_window(config: EngineConfig, state_spec: PagedStateSpec) -> int | None:
     """The window of the model's sliding layers (None: it has none, the retention interval
     changes nothing and we say so)."""
-    groups = spec.kv_groups
+    groups = state_spec.kv_groups
     if "sliding" not in groups:
         if config.cache.retention_interval is not None:
             logger.warning(
@@ -315,4 +303,4 @@ def _sliding_window(config: EngineConfig, spec: PagedStateSpec) -> int | None:
             f"model {config.model} has only sliding-window layers; the engine needs "
             "at least one full-attention layer to chain its prefix cache"
         )
-    return int(spec.sliding_window)
+    return int(state_spec.sliding_window)

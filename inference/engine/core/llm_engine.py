@@ -14,24 +14,22 @@ RequestAbortedError; the other requests go on untouched.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 
 import torch
 
 from inference.engine.config import EngineConfig
-from inference.engine.core.detokenizer import IncrementalDetokenizer, stop_cut
 from inference.engine.core.engine_builder import build_engine
+from inference.engine.core.engine_stats import make_engine_stats
 from inference.engine.core.input_processor import InputProcessor, Prompt, is_single_prompt
+from inference.engine.core.output_processor import Deadline, OutputProcessor
 from inference.engine.distributed.executor import TensorParallelExecutor
 from inference.engine.kv.pinned_heads import PinnedHead
 from inference.engine.metrics import EngineStats
 from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.request import Request, RequestStatus
-from inference.engine.request_errors import request_failed
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.structured_output.structured_output import CompileOutcome
 
@@ -83,18 +81,16 @@ class LLMEngine:
         self._run_loop()
 
     def _start(self, config: EngineConfig) -> None:
-        """Build every component (core/engine_builder.py) and keep what the front and the
-        loop use."""
-        parts = build_engine(config, self.device, self.executor)
+        """Build every component (core/engine_builder.py); name what callers, the front and
+        the loop reach (stats read `parts` whole)."""
+        self.parts = parts = build_engine(config, self.device, self.executor)
         self.memory_plan = parts.memory_plan
         self.weights = parts.weights
         self.kv_cache_dtype = parts.kv_cache_dtype
         self.tokenizer = parts.tokenizer
-        self.model_config = parts.model_config
         self.max_model_len = parts.max_model_len
         self.num_blocks = parts.num_blocks
         self.num_window_blocks = parts.num_window_blocks
-        self.sliding_block_bytes = parts.sliding_block_bytes
         self.kv_cache_manager = parts.kv_cache_manager
         self.pinned = parts.pinned
         self.scheduler = parts.scheduler
@@ -108,6 +104,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             num_blocks=self.num_blocks,
         )
+        self.output_processor = OutputProcessor(self.tokenizer, self.weights, self.kv_cache_dtype)
 
     # ---- the public front -------------------------------------------------------------
 
@@ -127,15 +124,12 @@ class LLMEngine:
         batch = [prompts] if is_single_prompt(prompts) else list(prompts)
         requests = [self.processor.make_request(prompt, params, priority) for prompt in batch]
         futures = self._submit(requests)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
-            return [future.result(_left(deadline)) for future in futures]
+            return [future.result(deadline.left()) for future in futures]
         except TimeoutError:
             self._abort_all(requests, f"not finished within {timeout:g} s")
-            raise TimeoutError(
-                f"the completion did not finish within {timeout:g} s; it was aborted and its "
-                "KV blocks freed"
-            ) from None
+            raise deadline.error() from None
         except BaseException:  # the caller's thread is interrupted: nobody will read these
             self._abort_all(requests, "its caller stopped waiting")
             raise
@@ -156,30 +150,10 @@ class LLMEngine:
         is raised. `priority` as in `generate`."""
         params = params or SamplingParams()
         request = self.processor.make_request(prompt, params, priority)
-        sampled: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        request.on_token = sampled.put
+        stream = self.output_processor.open_stream(request)
         (future,) = self._submit([request])
-        # Runs after the last on_token on the loop thread (or at once if already done).
-        future.add_done_callback(lambda _: sampled.put(None))
-        # A checkpoint without a tokenizer streams token ids with empty text.
-        detokenizer = (
-            IncrementalDetokenizer(self.tokenizer, params.stop_list) if self.tokenizer else None
-        )
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while (token := _next_token(sampled, deadline, timeout)) is not None:
-                token_ids = [token]
-                while not sampled.empty():  # take what piled up, decode once
-                    if (more := sampled.get()) is None:
-                        sampled.put(None)
-                        break
-                    token_ids.append(more)
-                text = detokenizer.add(token_ids) if detokenizer else ""
-                if text or detokenizer is None:
-                    yield StreamDelta(text, token_ids, request_id=request.request_id)
-            output = future.result()  # raises what failed the request
-            text = detokenizer.finish(output.text) if detokenizer else ""
-            yield StreamDelta(text, output=output, request_id=request.request_id)
+            yield from stream.deltas(future, Deadline(timeout))
         finally:
             if not future.done():  # closed early, timed out, or the consumer failed
                 self.abort(request.request_id, "its stream was closed before the end")
@@ -214,40 +188,13 @@ class LLMEngine:
                 f"request {request.request_id} was aborted ({aborts[request.request_id]}); "
                 "its KV blocks are freed"
             )
-            self._deliver(request, self._futures.pop(request.request_id))
+            self.output_processor.deliver(request, self._futures.pop(request.request_id))
 
     def stats(self) -> EngineStats:
         """A snapshot assembled from the components' own (scheduler, KV cache, pinned heads)."""
         with self._lock:
-            scheduler = self.scheduler.make_stats()
-            cache = self.kv_cache_manager.make_stats()
-            return EngineStats(
-                prefix_cache_queries=cache.prefix_cache_queries,
-                prefix_cache_hits=cache.prefix_cache_hits,
-                kv_cache_usage=cache.usage,
-                num_running=scheduler.num_running,
-                num_waiting=scheduler.num_waiting + len(self._inbox),
-                num_preemptions=scheduler.num_preemptions,
-                num_steps=self._num_steps,
-                num_forced_tokens=scheduler.num_forced_tokens,
-                num_lost_to_retention=cache.num_lost_to_retention,
-                num_lost_to_alignment=cache.num_lost_to_alignment,
-                num_lost_to_eviction=cache.num_lost_to_eviction,
-                num_cold_tokens=cache.num_cold_tokens,
-                num_checkpoints=cache.num_checkpoints,
-                num_checkpoint_blocks=cache.num_checkpoint_blocks,
-                checkpoint_memory_bytes=cache.num_checkpoint_blocks * self.sliding_block_bytes,
-                num_prefill_tokens=scheduler.num_prefill_tokens,
-                reuse_sources=scheduler.reuse_sources,
-                num_junction_checkpoints=cache.num_junction_checkpoints,
-                num_partial_block_copies=cache.num_partial_block_copies,
-                num_pinned_blocks=self.pinned.num_pinned_blocks(),
-                kv_tiers=self.offloader.make_stats() if self.offloader is not None else {},
-                num_spec_verifications=scheduler.num_spec_verifications,
-                num_draft_tokens=scheduler.num_draft_tokens,
-                num_accepted_tokens=scheduler.num_accepted_tokens,
-                weights=self.weights,
-                kv_cache_dtype=self.kv_cache_dtype,
+            return make_engine_stats(
+                self.parts, num_queued=len(self._inbox), num_steps=self._num_steps
             )
 
     @property
@@ -259,7 +206,7 @@ class LLMEngine:
     @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
-        return "sliding" in self.model_config.paged_state_spec().kv_groups
+        return "sliding" in self.parts.model_config.paged_state_spec().kv_groups
 
     def warm(
         self, prompt_head: Prompt, pin: bool = True, cache_salt: str | None = None
@@ -353,17 +300,7 @@ class LLMEngine:
                     self._fail_all(exc)
                 continue
             for request in finished:
-                self._deliver(request, self._futures.pop(request.request_id))
-
-    def _deliver(self, request: Request, future: Future) -> None:
-        """A finished request's output to its caller, or the error that failed it alone."""
-        if request.error is None:
-            try:
-                future.set_result(self._output(request))
-                return
-            except Exception as exc:  # detokenizing this request's tokens
-                request.error = request_failed(request.request_id, exc)
-        future.set_exception(request.error)
+                self.output_processor.deliver(request, self._futures.pop(request.request_id))
 
     def step(self) -> list[Request]:
         """One engine step: schedule, execute, update from its output. Returns the requests
@@ -390,18 +327,6 @@ class LLMEngine:
                 offloader.offload(scheduler_output)
             return self.scheduler.update_from_output(scheduler_output, sampled, drafts)
 
-    def _output(self, request: Request) -> RequestOutput:
-        decoded = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
-        text, _ = stop_cut(decoded, request.sampling_params.stop_list)
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids),
-            text=text,
-            finish_reason=request.status.value,
-            metrics=request.metrics(self.weights, self.kv_cache_dtype),
-        )
-
     def _fail_all(self, exc: BaseException) -> None:
         for request in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
@@ -411,22 +336,6 @@ class LLMEngine:
         for _, future in self._inbox:
             future.set_exception(exc)
         self._inbox.clear()
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
-
-
-def _next_token(
-    sampled: queue.SimpleQueue[int | None], deadline: float | None, timeout: float | None
-) -> int | None:
-    try:
-        return sampled.get(timeout=_left(deadline))
-    except queue.Empty:
-        raise TimeoutError(
-            f"the completion did not finish within {timeout:g} s; it was aborted and its KV "
-            "blocks freed"
-        ) from None
 
 
 def _schema_text(schema: str | dict) -> str:

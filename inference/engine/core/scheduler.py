@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from inference.engine.config import SchedulerConfig
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.shared_prefill import find_followers
 from inference.engine.metrics import SchedulerStats
@@ -43,31 +44,35 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     def __init__(
         self,
+        config: SchedulerConfig,
         kv_cache_manager: KVCacheManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_shared_prefill: bool = False,
         *,
         tokenizer: Tokenizer | None = None,
-        max_model_len: int | None = None,
-        enable_jump_forward: bool = False,
         drafter: Drafter | None = None,
         num_speculative_tokens: int = 0,
-        prefill_chunk_while_decoding: int | None = None,
     ) -> None:
+        """`config.max_model_len` as resolved against the loaded model (None: no limit)."""
         self.kv_cache_manager = kv_cache_manager
         # A step that carries decodes takes prefill chunks of at most this many tokens, so the
         # decoding requests' next token does not wait behind a full-budget chunk.
-        self.prefill_chunk_while_decoding = prefill_chunk_while_decoding
-        self.enable_shared_prefill = enable_shared_prefill
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_while_decoding = config.prefill_chunk_while_decoding
+        # A full-attention model already shares a head computed in the same step (blocks are
+        # registered when allocated and each layer writes before it reads); holding requests
+        # back would only add a step. A sliding-window model needs the checkpoint.
+        self.enable_shared_prefill = (
+            config.enable_shared_prefill
+            and kv_cache_manager.enable_prefix_caching
+            and kv_cache_manager.sliding is not None
+        )
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
         # For the stop checks: the tokens that end a turn, and the text stop strings are found
         # in (None: no stop tokens, and a request with stop strings cannot be checked).
         self.tokenizer = tokenizer
         self.stop_token_ids = tokenizer.stop_token_ids if tokenizer is not None else frozenset()
+        max_model_len = config.max_model_len
         self.max_model_len = max_model_len if max_model_len is not None else sys.maxsize
-        self.enable_jump_forward = enable_jump_forward
+        self.enable_jump_forward = config.enable_jump_forward
         self.drafter = drafter
         self.num_speculative_tokens = num_speculative_tokens if drafter is not None else 0
         self.num_spec_verifications = 0  # request-steps that carried a draft

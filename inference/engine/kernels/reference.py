@@ -3,7 +3,9 @@
 The attention kernels are tested against `paged_attention_reference`: for each sequence, gather
 its context from the paged cache through its block table and run plain SDPA in fp32 with the
 causal and sliding-window mask written out. Slow and obvious on purpose. `copy_slots_reference`
-is copy_slots' torch ops, which the runner also uses off CUDA."""
+is copy_slots' torch ops, which the runner also uses off CUDA. `sparse_attention_reference` is
+DeepSeek-V4's attention over the rows each query reads (kernels/v4_sparse_attention.py's
+reference, and V4's torch path itself)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,24 @@ def paged_attention_reference(
 def copy_slots_reference(cache: torch.Tensor, src_slots, dst_slots) -> None:
     """The batched torch ops: gather the source rows of every cache, then scatter them."""
     cache.index_copy_(1, dst_slots.long(), cache.index_select(1, src_slots.long()))
+
+
+def sparse_attention_reference(
+    q: torch.Tensor,  # (Q, H, D)
+    parts: list[tuple[torch.Tensor, torch.Tensor]],  # (pool (N, D), rows (Q, K) -1 padded)
+    sinks: torch.Tensor,  # (H,): each head's sink logit, a key with no value
+    scale: float,
+) -> torch.Tensor:
+    """(Q, H, D) in q's dtype: each query over the pool rows it reads, every part's together,
+    K = V (a row is both the key and the value), -1 rows masked, the sinks in the softmax (a
+    query that reads no row gets zeros). Gathers each query's rows: (Q, K, D) in fp32."""
+    rows = torch.cat([r for _, r in parts], dim=1)  # (Q, K)
+    gathered = torch.cat(
+        [pool[r.clamp(min=0)].to(q.dtype).float() for pool, r in parts], dim=1
+    )  # (Q, K, D)
+    logits = torch.matmul(q.float(), gathered.transpose(1, 2)) * scale  # (Q, H, K)
+    logits = logits.masked_fill((rows < 0)[:, None, :], float("-inf"))
+    sink_logits = sinks.float()[None, :, None].expand(q.shape[0], -1, 1)  # (Q, H, 1)
+    combined = torch.cat([logits, sink_logits], dim=-1)
+    probs = (combined - combined.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
+    return torch.matmul(probs, gathered).to(q.dtype)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inference.engine.kv.block_pool import BlockPool, KVCacheBlock
 from inference.engine.kv.hashing import BlockHasher
@@ -28,6 +29,9 @@ from inference.engine.kv.single_type_kv_cache_manager import FullAttentionManage
 from inference.engine.kv.sliding_window_manager import SlidingWindowManager
 from inference.engine.metrics import KVCacheStats
 from inference.engine.request import Request
+
+if TYPE_CHECKING:  # config imports kv/ (retention): a type here only
+    from inference.engine.config import CacheConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,41 +85,50 @@ class PrefixCacheStats:
         self.cold += reuse.num_cold_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class KVCacheSpec:
+    """What the KV cache is built for that no setting chooses: the loaded model and the memory
+    budget decide it (core/engine_builder.py)."""
+
+    num_blocks: int  # the full-attention group's pool
+    model_fingerprint: str  # part of every block hash: blocks of another model never match
+    sliding_window: int | None = None  # the sliding layers' window; None: no sliding group
+    num_sliding_blocks: int | None = None  # the sliding group's pool; None: num_blocks
+    bounded_replay: BoundedReplay | None = None  # None: off, or the model cannot replay
+
+
 class KVCacheManager:
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        enable_caching: bool,
-        model_fingerprint: str,
-        *,
-        sliding_window: int | None = None,
-        retention_interval: int | None = None,
-        num_sliding_blocks: int | None = None,
-        exact_reuse: bool = False,
-        junction_checkpoints: bool = False,
-        bounded_replay: BoundedReplay | None = None,
-    ) -> None:
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.hasher = BlockHasher(block_size, model_fingerprint)
+    def __init__(self, cache: CacheConfig, spec: KVCacheSpec) -> None:
+        self.block_size = cache.block_size
+        self.enable_prefix_caching = cache.enable_prefix_caching
+        self.hasher = BlockHasher(cache.block_size, spec.model_fingerprint)
         full = FullAttentionManager(
-            num_blocks, block_size, enable_caching, self.hasher, exact_reuse
+            spec.num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            self.hasher,
+            cache.enable_partial_block_reuse,
         )
         windows = []
-        if sliding_window is not None:
-            policy = RetentionPolicy(retention_interval, block_size, exact_reuse)
-            num = num_sliding_blocks or num_blocks
+        if spec.sliding_window is not None:
+            policy = RetentionPolicy(
+                cache.retention_interval, cache.block_size, cache.enable_partial_block_reuse
+            )
             windows.append(
                 SlidingWindowManager(
-                    num, block_size, sliding_window, policy, enable_caching, self.hasher
+                    spec.num_sliding_blocks or spec.num_blocks,
+                    cache.block_size,
+                    spec.sliding_window,
+                    policy,
+                    cache.enable_prefix_caching,
+                    self.hasher,
                 )
             )
         self.coordinator = KVCacheCoordinator(full, windows)
         self.stats = PrefixCacheStats()
         # Junctions are window checkpoints: without a window group there are none to keep.
-        self.junction_checkpoints = junction_checkpoints and bool(windows)
-        self.bounded_replay = bounded_replay if windows else None
+        self.enable_junction_checkpoints = cache.enable_junction_checkpoints and bool(windows)
+        self.bounded_replay = spec.bounded_replay if windows else None
         self.copies: list[BlockCopy] = []  # this step's, drained by the scheduler
         self.num_partial_block_copies = 0
 
@@ -166,7 +179,7 @@ class KVCacheManager:
 
         At least the last token is always left to compute: its logits are needed.
         """
-        if not self.enable_caching:
+        if not self.enable_prefix_caching:
             cold = PrefixReuse.cold(request.num_tokens)
             return PrefixCacheHit(self.empty_blocks(), reuse=cold), 0
         self.hasher.update(request)
@@ -185,7 +198,7 @@ class KVCacheManager:
             if replay is not None:  # from here on its blocks are hashed apart (marked)
                 request.replay_start = reused
                 request.block_hashes = request.block_hashes[: reused // self.block_size]
-            elif self.junction_checkpoints and matched > reused:
+            elif self.enable_junction_checkpoints and matched > reused:
                 junction = min(matched, request.num_prompt_tokens)
         key = next((hit.key for hit in hits if hit.key is not None), None) if reused else None
         blocks = KVCacheBlocks(tuple(hit.blocks for hit in hits))

@@ -146,10 +146,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         block_size: int,
         enable_caching: bool,
         hasher: BlockHasher,
-        exact_reuse: bool,
+        enable_partial_block_reuse: bool,
     ) -> None:
         super().__init__(num_blocks, block_size, enable_caching, hasher)
-        self.exact_reuse = exact_reuse  # copy partial blocks (token-exact reuse)
+        # Copy partial blocks (token-exact reuse; CacheConfig.enable_partial_block_reuse).
+        self.enable_partial_block_reuse = enable_partial_block_reuse
         self.num_cached_blocks: dict[str, int] = {}
 
     # ---- lookup -------------------------------------------------------------------------
@@ -158,8 +159,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """How far the request's (hashed) tokens match, resuming at most at `limit`."""
         size = self.block_size
         chain = self.live_chain(request)
-        children = self.children(request, chain) if self.exact_reuse else []
-        if self.exact_reuse:
+        children = self.children(request, chain) if self.enable_partial_block_reuse else []
+        if self.enable_partial_block_reuse:
             ready = [n for block, n in children if self.block_pool.is_ready(block)]
             num_reusable = min(len(chain) * size + max(ready, default=0), limit)
         else:
@@ -258,7 +259,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         size = self.block_size
         index, num_slots = divmod(request.num_computed_tokens, size)
         blocks = self.req_to_blocks.get(request.request_id, [])
-        if not self.exact_reuse or not num_slots or index >= len(blocks):
+        if not self.enable_partial_block_reuse or not num_slots or index >= len(blocks):
             return None
         self.hasher.update(request)
         tokens = tuple(request.all_token_ids[index * size : request.num_computed_tokens])

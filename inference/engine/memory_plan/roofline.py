@@ -102,17 +102,27 @@ def decode_reads(
 
 def _rank_read(rows, num_tokens: int, touched: float) -> tuple[int, float]:
     """(dense bytes, expected routed-expert bytes) one rank reads in a step of num_tokens."""
-    dense, experts = 0, 0.0
+    experts = sum(size for name, kind, size, _ in rows if kind == "experts" and _in_step(name))
+    return dense_read_bytes(rows, num_tokens), experts * touched
+
+
+def dense_read_bytes(rows, num_tokens: int) -> int:
+    """Of tensor_bytes' `rows`, what a decode step of num_tokens reads whichever experts it
+    routes to: every tensor but the routed experts and the MTP layer, of the lookup tables only
+    the tokens' rows."""
+    dense = 0
     for name, kind, size, tensor in rows:
-        if name.startswith("mtp."):
+        if kind == "experts" or not _in_step(name):
             continue
-        if kind == "experts":
-            experts += size * touched
-        elif name.endswith(_LOOKUP_TABLES):
+        if name.endswith(_LOOKUP_TABLES):
             dense += size * min(num_tokens, tensor.shape[0]) // tensor.shape[0]
         else:
             dense += size
-    return dense, experts
+    return dense
+
+
+def _in_step(name: str) -> bool:
+    return not name.startswith("mtp.")  # a plain decode step has no draft
 
 
 def state_read_bytes(config, context_tokens: int, itemsize: int) -> int:

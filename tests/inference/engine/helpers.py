@@ -7,6 +7,9 @@ import random
 import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
+from inference.engine.config import CacheConfig, SchedulerConfig
+from inference.engine.core.scheduler import Scheduler
+from inference.engine.kv.kv_cache_manager import KVCacheManager, KVCacheSpec
 
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:
@@ -24,6 +27,47 @@ def smollm2_tokens(rng: random.Random, n: int) -> list[int]:
 ROUNDING = dict(
     enable_partial_block_reuse=False, enable_junction_checkpoints=False, enable_shared_prefill=False
 )
+
+
+# What the cache and scheduler tests assume unless they say otherwise: block-rounded reuse
+# without junction checkpoints, no shared prefill, no jump-forward.
+TINY_CACHE = dict(enable_partial_block_reuse=False, enable_junction_checkpoints=False)
+TINY_SCHEDULER = dict(enable_shared_prefill=False, enable_jump_forward=False)
+
+
+def tiny_kv_cache_manager(
+    num_blocks: int,
+    block_size: int,
+    *,
+    sliding_window: int | None = None,
+    num_sliding_blocks: int | None = None,
+    **cache_fields,
+) -> KVCacheManager:
+    """A KV cache manager for the model fingerprint "test": `cache_fields` are CacheConfig's,
+    over TINY_CACHE; a `sliding_window` adds the sliding group."""
+    cache = CacheConfig(block_size=block_size, **{**TINY_CACHE, **cache_fields})
+    return KVCacheManager(
+        cache, KVCacheSpec(num_blocks, "test", sliding_window, num_sliding_blocks)
+    )
+
+
+def tiny_scheduler(
+    manager: KVCacheManager,
+    *,
+    tokenizer=None,
+    drafter=None,
+    num_speculative_tokens: int = 0,
+    **scheduler_fields,
+) -> Scheduler:
+    """A scheduler over `manager`: `scheduler_fields` are SchedulerConfig's, over TINY_SCHEDULER."""
+    config = SchedulerConfig(**{**TINY_SCHEDULER, **scheduler_fields})
+    return Scheduler(
+        config,
+        manager,
+        tokenizer=tokenizer,
+        drafter=drafter,
+        num_speculative_tokens=num_speculative_tokens,
+    )
 
 
 def accounted(metrics) -> int:

@@ -1,8 +1,9 @@
 """The kernels compile for an H100/H200 (sm_90) on this CPU-only machine: triton's compiler and
 ptxas run without a GPU. The interpreter checks what the kernels compute; this checks what it
 cannot: that the compiler accepts them (types merged across branches, dot shapes, casts) in the
-configurations the launchers use for SmolLM2 and Gemma 3 in bf16/fp16 and for fp32, and the
-quantized matmuls (FP8 linear, FP4 experts) at DeepSeek V4 Flash's tile shapes."""
+configurations the launchers use for SmolLM2 and Gemma 3 in bf16/fp16 and for fp32, the
+quantized matmuls (FP8 linear, FP4 experts) and V4's sparse attention, indexer and compressor
+kernels at DeepSeek V4 Flash's shapes."""
 
 import pytest
 import triton
@@ -17,6 +18,12 @@ from inference.engine.kernels.quantized_matmul import (
     _fp8_block_linear_kernel,
 )
 from inference.engine.kernels.store_kv import _store_kv_kernel
+from inference.engine.kernels.v4_compress import _compress_pool_kernel
+from inference.engine.kernels.v4_indexer import _indexer_scores_kernel
+from inference.engine.kernels.v4_sparse_attention import (
+    _merge_splits_kernel,
+    _sparse_attention_kernel,
+)
 
 pytestmark = pytest.mark.skipif(
     "nvidia" not in triton.backends.backends, reason="triton without its CUDA backend"
@@ -103,3 +110,41 @@ def test_quantized_matmul_kernels_compile_for_sm90(dtype):
     pointers = {"x_ptr": f"*{dtype}", "w_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*fp32",
                 "offsets_ptr": "*i64", "tile_starts_ptr": "*i32"}  # fmt: skip
     assert _compile(_fp4_grouped_kernel, dtype, fp4, pointers=pointers)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_v4_sparse_attention_compiles_for_sm90(dtype):
+    """V4 Flash: 64 heads of 512 over one K=V row, the window and the entries as two parts
+    (int64 row ids, as the step tables build them), with and without split-K."""
+    precision = "ieee" if dtype == "fp32" else "tf32"
+    rows = {f"rows{i}_ptr": "*i64" for i in range(3)}
+    pools = {f"pool{i}_ptr": f"*{dtype}" for i in range(3)}
+    pointers = {"sinks_ptr": f"*{dtype}", **rows, **pools}
+    for split in (True, False):
+        attend = dict(NUM_PARTS=2, SPLIT=split, HEAD_DIM=512, BLOCK_H=16, BLOCK_D=512,
+                      BLOCK_N=32, UPCAST=False, PRECISION=precision)  # fmt: skip
+        assert _compile(_sparse_attention_kernel, dtype, attend, num_warps=8, pointers=pointers)
+    merge = dict(HEAD_DIM=512, BLOCK_S=16, BLOCK_D=512)
+    assert _compile(_merge_splits_kernel, dtype, merge)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_v4_indexer_and_compressor_kernels_compile_for_sm90(dtype):
+    """At V4 Flash's sizes: the indexer's 64 heads of 128 over 64-entry tiles; the pooling of
+    CSA (rate 4, overlapping: 8 positions) and HCA (rate 128, in tiles of 16) entries of 512
+    channels, and CSA's indexer keys of 128, rope on the last 64."""
+    indexer = dict(NUM_HEADS=64, HEAD_DIM=128, BLOCK_H=64, BLOCK_D=128, BLOCK_E=64,
+                   UPCAST=False, PRECISION="ieee" if dtype == "fp32" else "tf32")  # fmt: skip
+    pointers = {"q_ptr": f"*{dtype}", "weights_ptr": "*fp32", "keys_ptr": f"*{dtype}",
+                "visible_ptr": "*i64", "out_ptr": "*fp32", "scale": "fp32"}  # fmt: skip
+    assert _compile(_indexer_scores_kernel, dtype, indexer, pointers=pointers)
+    pointers = {"proj_ptr": f"*{dtype}", "slots_ptr": "*i64", "prev_slots_ptr": "*i64",
+                "bias_ptr": f"*{dtype}", "norm_ptr": f"*{dtype}", "cos_ptr": "*fp32",
+                "sin_ptr": "*fp32", "out_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
+    for rate, head_dim, overlap, block_r in ((4, 512, True, 8), (4, 128, True, 8),
+                                             (128, 512, False, 16)):  # fmt: skip
+        width = 2 * head_dim if overlap else head_dim
+        pool = dict(RATE=rate, HEAD_DIM=head_dim, WIDTH=width, ROPE_DIM=64, OVERLAP=overlap,
+                    POSITIONS=2 * rate if overlap else rate, BLOCK_R=block_r,
+                    BLOCK_D=head_dim)  # fmt: skip
+        assert _compile(_compress_pool_kernel, dtype, pool, pointers=pointers)

@@ -3,12 +3,13 @@
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request
 from inference.engine.sampling_params import SamplingParams
+from tests.inference.engine.helpers import tiny_kv_cache_manager
 
 BLOCK = 4
 
 
 def make_manager(num_blocks: int = 10, caching: bool = True) -> KVCacheManager:
-    return KVCacheManager(num_blocks, BLOCK, caching, model_fingerprint="test")
+    return tiny_kv_cache_manager(num_blocks, BLOCK, enable_prefix_caching=caching)
 
 
 def make_request(rid: str, tokens: list[int], salt: str | None = None) -> Request:

@@ -16,12 +16,16 @@ from pathlib import Path
 import pytest
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
-from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import extra_keys, hash_request_blocks
-from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.tiers.block_file import FORMAT_VERSION, decode_block, encode_block
 from inference.engine.request import Request
-from tests.inference.engine.helpers import ROUNDING, random_tokens, smollm2_tokens
+from tests.inference.engine.helpers import (
+    ROUNDING,
+    random_tokens,
+    smollm2_tokens,
+    tiny_kv_cache_manager,
+    tiny_scheduler,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -247,8 +251,8 @@ def test_a_full_disk_disables_writes_with_one_warning_and_the_engine_serves_on(t
 
 
 def test_the_scheduler_skips_a_request_whose_blocks_are_loading():
-    manager = KVCacheManager(16, 4, True, model_fingerprint="test")
-    scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16)
+    manager = tiny_kv_cache_manager(16, 4)
+    scheduler = tiny_scheduler(manager, max_num_seqs=4, max_num_batched_tokens=16)
     loading = Request("loading", list(range(8)), SamplingParams(max_tokens=2))
     loading.kv_load_state = "loading"
     ready = Request("ready", list(range(100, 106)), SamplingParams(max_tokens=2))

@@ -6,9 +6,9 @@ import uuid
 import pytest
 
 from inference.engine import SamplingParams
-from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.kv.prefix_reuse import PrefixReuse
 from inference.engine.request import Request
+from tests.inference.engine.helpers import tiny_kv_cache_manager
 
 
 def buckets(reuse: PrefixReuse) -> tuple[int, int, int, int, int]:
@@ -45,11 +45,9 @@ def test_random_heads_reuse_the_grid_and_lose_the_rest_to_retention_and_alignmen
         block = rng.choice([2, 4, 8, 16])
         window = block * rng.randrange(1, 6) + rng.choice([0, 1])
         interval = rng.choice([None, 0, block, 2 * block, 4 * block, 8 * block])
-        manager = KVCacheManager(
+        manager = tiny_kv_cache_manager(
             512,
             block,
-            True,
-            "test",
             sliding_window=window if hybrid else None,
             retention_interval=interval,
         )
@@ -96,7 +94,7 @@ def test_engine_metrics_carry_the_accounting(tiny_engine):
 
 
 def test_another_tenants_blocks_are_cold_not_alignment():
-    manager = KVCacheManager(32, 4, True, "test")
+    manager = tiny_kv_cache_manager(32, 4)
     a = Request("a", list(range(12)), SamplingParams(cache_salt="tenant-1"))
     hits, _ = manager.get_computed_blocks(a)
     manager.allocate_slots(a, 12, hits)

@@ -1,18 +1,18 @@
 """Scheduler on tiny configs: token budget, chunked prefill, continuous batching, preemption."""
 
 from inference.engine.core.scheduler import Scheduler
-from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request, RequestStatus
 from inference.engine.request_errors import RequestError
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler_output import SchedulerOutput
+from tests.inference.engine.helpers import tiny_kv_cache_manager, tiny_scheduler
 
 BLOCK = 4
 
 
 def make_scheduler(num_blocks=16, max_num_seqs=4, budget=8) -> Scheduler:
-    manager = KVCacheManager(num_blocks, BLOCK, True, model_fingerprint="test")
-    return Scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    manager = tiny_kv_cache_manager(num_blocks, BLOCK)
+    return tiny_scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
 
 
 def request(rid: str, num_tokens: int, start: int = 0) -> Request:
@@ -128,16 +128,14 @@ def test_two_kv_groups_survive_pressure_on_either_pool():
     rng = random.Random(7)
     head = list(range(1000, 1040))
     for num_blocks, num_sliding_blocks in [(40, 6), (14, 40)]:
-        manager = KVCacheManager(
+        manager = tiny_kv_cache_manager(
             num_blocks,
             BLOCK,
-            True,
-            model_fingerprint="test",
             sliding_window=8,
             retention_interval=8,
             num_sliding_blocks=num_sliding_blocks,
         )
-        scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=12)
+        scheduler = tiny_scheduler(manager, max_num_seqs=4, max_num_batched_tokens=12)
         requests = [
             Request(str(i), head[: rng.randrange(4, 40)] + [i] * rng.randrange(1, 12),
                     SamplingParams(max_tokens=rng.randrange(1, 10)))
@@ -156,8 +154,8 @@ def test_two_kv_groups_survive_pressure_on_either_pool():
 
 
 def scheduler_with_stops(tokenizer, num_blocks=16, budget=64, max_model_len=None) -> Scheduler:
-    manager = KVCacheManager(num_blocks, BLOCK, True, model_fingerprint="test")
-    return Scheduler(
+    manager = tiny_kv_cache_manager(num_blocks, BLOCK)
+    return tiny_scheduler(
         manager,
         max_num_seqs=4,
         max_num_batched_tokens=budget,
@@ -289,8 +287,8 @@ def test_make_stats_is_a_snapshot_of_the_queues_and_counters():
 
 
 def test_prefill_chunks_are_capped_while_a_request_decodes():
-    manager = KVCacheManager(32, BLOCK, True, model_fingerprint="test")
-    scheduler = Scheduler(
+    manager = tiny_kv_cache_manager(32, BLOCK)
+    scheduler = tiny_scheduler(
         manager, max_num_seqs=4, max_num_batched_tokens=16, prefill_chunk_while_decoding=4
     )
     scheduler.add_request(request("a", 6))

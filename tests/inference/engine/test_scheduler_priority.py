@@ -4,15 +4,15 @@ FCFS within a class; worse classes give up seats and blocks first."""
 import pytest
 
 from inference.engine.core.scheduler import Scheduler
-from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request
 from inference.engine.sampling_params import SamplingParams
+from tests.inference.engine.helpers import tiny_kv_cache_manager, tiny_scheduler
 from tests.inference.engine.test_scheduler import BLOCK, plan, run_step
 
 
 def make_scheduler(num_blocks=16, max_num_seqs=4, budget=64) -> Scheduler:
-    manager = KVCacheManager(num_blocks, BLOCK, True, model_fingerprint="test")
-    return Scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    manager = tiny_kv_cache_manager(num_blocks, BLOCK)
+    return tiny_scheduler(manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
 
 
 def request(rid: str, num_tokens: int, priority: int, start: int = 0) -> Request:

@@ -3,16 +3,16 @@
 from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request
 from inference.engine.sampling_params import SamplingParams
+from tests.inference.engine.helpers import tiny_kv_cache_manager
 
 BLOCK = 4
 
 
 def make_manager(window=8, interval=16, num_blocks=32, num_sliding_blocks=None, caching=True):
-    return KVCacheManager(
+    return tiny_kv_cache_manager(
         num_blocks,
         BLOCK,
-        caching,
-        model_fingerprint="test",
+        enable_prefix_caching=caching,
         sliding_window=window,
         retention_interval=interval,
         num_sliding_blocks=num_sliding_blocks,
@@ -235,8 +235,8 @@ def test_checkpoints_are_evicted_least_recently_used_first():
 
 
 def test_junctions_handed_to_allocation_keep_the_window_there_token_exact():
-    manager = KVCacheManager(
-        32, BLOCK, True, "test", sliding_window=8, retention_interval=16, exact_reuse=True
+    manager = tiny_kv_cache_manager(
+        32, BLOCK, sliding_window=8, retention_interval=16, enable_partial_block_reuse=True
     )
     a = make_request("a", range(20))
     hits, _ = manager.get_computed_blocks(a)
@@ -262,8 +262,8 @@ def test_junctions_handed_to_allocation_keep_the_window_there_token_exact():
 
 
 def test_without_the_junction_the_same_prompts_resume_on_the_grid_only():
-    manager = KVCacheManager(
-        32, BLOCK, True, "test", sliding_window=8, retention_interval=16, exact_reuse=True
+    manager = tiny_kv_cache_manager(
+        32, BLOCK, sliding_window=8, retention_interval=16, enable_partial_block_reuse=True
     )
     prefill(manager, make_request("a", range(20)))
     manager.new_step()

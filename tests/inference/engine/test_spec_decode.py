@@ -10,12 +10,15 @@ import random
 import pytest
 
 from inference.engine import EngineConfig, SamplingParams
-from inference.engine.core.scheduler import Scheduler
 from inference.engine.kv.hashing import hash_request_blocks
-from inference.engine.kv.kv_cache_manager import KVCacheManager
 from inference.engine.request import Request, RequestStatus
 from inference.engine.spec_decode.ngram import NgramProposer
-from tests.inference.engine.helpers import random_tokens, smollm2_tokens
+from tests.inference.engine.helpers import (
+    random_tokens,
+    smollm2_tokens,
+    tiny_kv_cache_manager,
+    tiny_scheduler,
+)
 
 NGRAM = dict(speculative_method="ngram", num_speculative_tokens=4)
 # One-token matches: a draft at almost every step, so rejected drafts are exercised on models
@@ -76,9 +79,14 @@ BLOCK = 4
 
 
 def test_a_rejected_draft_is_not_computed_nor_hashed_and_accepted_tokens_are():
-    manager = KVCacheManager(32, BLOCK, True, model_fingerprint="test")
-    scheduler = Scheduler(
-        manager, 4, 32, drafter=NgramProposer(1, 2), num_speculative_tokens=4, max_model_len=64
+    manager = tiny_kv_cache_manager(32, BLOCK)
+    scheduler = tiny_scheduler(
+        manager,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+        drafter=NgramProposer(1, 2),
+        num_speculative_tokens=4,
     )
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     a = Request("a", [1, 2, 3, 4, 5, 1, 2], params)
@@ -109,8 +117,14 @@ def test_a_rejected_draft_is_not_computed_nor_hashed_and_accepted_tokens_are():
 
 
 def test_a_draft_never_passes_max_tokens_and_sampled_requests_get_none():
-    manager = KVCacheManager(32, BLOCK, True, model_fingerprint="test")
-    scheduler = Scheduler(manager, 4, 32, drafter=NgramProposer(1, 2), num_speculative_tokens=4)
+    manager = tiny_kv_cache_manager(32, BLOCK)
+    scheduler = tiny_scheduler(
+        manager,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        drafter=NgramProposer(1, 2),
+        num_speculative_tokens=4,
+    )
     a = Request("a", [1, 2, 3, 1, 2], SamplingParams(max_tokens=3, temperature=0.0))
     b = Request("b", [1, 2, 3, 1, 2], SamplingParams(max_tokens=9, temperature=0.8))
     for r in (a, b):

@@ -1,16 +1,22 @@
 """DeepSeek-V4's attention: the sliding-window K=V branch every layer has, with sinks and the
 grouped output projection; CSA's overlapping compressor and lightning indexer; HCA's compressor.
 It reads and writes the request state laid out in deepseek_v4.state, every sequence of the step
-in one batch (torch; no kernel yet): each query gathers its own keys through the step's tables
-(deepseek_v4.step_tables), padded with -1 and masked, so no layer loops over sequences.
+in one batch: each query reads its own keys through the step's tables (deepseek_v4.step_tables),
+padded with -1 and masked, so no layer loops over sequences. The attention itself is
+kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels, else
+its torch reference (kernels/reference.py), which gathers the keys.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.kernels.reference import sparse_attention_reference
+from inference.engine.kernels.v4_reference import (
+    compress_pool_reference,
+    indexer_scores_reference,
+)
 from inference.engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.layers import (
     RMSNorm,
@@ -19,6 +25,7 @@ from inference.engine.models.deepseek_v4.layers import (
     unweighted_rms_norm,
 )
 from inference.engine.models.deepseek_v4.state import DeepseekV4Metadata, LayerState
+from inference.engine.models.deepseek_v4.step_tables import ClosingWindows
 
 # A query chunk gathers its keys: (queries, keys, head_dim) floats at most about this many
 # (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
@@ -52,28 +59,31 @@ class Compressor(nn.Module):
 
     def pool(
         self,
-        current: torch.Tensor,  # (N, rate, projection_width): each window's tokens, raw
-        previous: torch.Tensor | None,  # the same for the window before each (CSA's overlap)
-        has_previous: torch.Tensor | None,  # (N,) bool: whether that window exists
-        windows: torch.Tensor,  # (N,) window indices w
+        projections: torch.Tensor,  # (num_slots, columns): the layer's compressor inputs
+        column: int,  # this compressor's first column in them
+        closing: ClosingWindows,
         rotary: Rotary,
+        use_kernels: bool,
     ) -> torch.Tensor:
-        """(N, head_dim): window w's entry, roped at position rate · w."""
-        hd = self.head_dim
-        kv, gate = current.float().chunk(2, dim=-1)  # (N, rate, width) each
-        gate = gate + self.position_bias
-        if self.overlap:
-            prev_kv, prev_gate = previous.float().chunk(2, dim=-1)
-            missing = ~has_previous[:, None, None]
-            prev_kv = prev_kv[..., :hd].masked_fill(missing, 0.0)
-            prev_gate = (prev_gate + self.position_bias)[..., :hd].masked_fill(
-                missing, float("-inf")
-            )
-            kv = torch.cat([prev_kv, kv[..., hd:]], dim=1)  # (N, 2·rate, hd)
-            gate = torch.cat([prev_gate, gate[..., hd:]], dim=1)
-        pooled = self.kv_norm((kv * gate.softmax(dim=1)).sum(dim=1))  # (N, hd)
-        cos, sin = rotary(windows * self.rate)
-        return apply_rope(pooled[:, None, :], cos, sin)[:, 0, :]
+        """(N, head_dim) fp32: each closing window's entry, roped at position rate · w
+        (kernels/v4_reference.compress_pool_reference; v4_compress.py on the kernel path)."""
+        cos, sin = rotary(closing.windows * self.rate)  # (N, 1, rope_dim) each
+        args = (
+            projections,
+            column,
+            closing.slots,
+            closing.prev_slots if self.overlap else None,
+            self.position_bias,
+            self.kv_norm.weight,
+            self.kv_norm.eps,
+            cos[:, 0],
+            sin[:, 0],
+        )
+        if use_kernels:  # triton is imported only on the kernel path
+            from inference.engine.kernels.v4_compress import compress_pool
+
+            return compress_pool(*args)
+        return compress_pool_reference(*args)
 
 
 class Indexer(Compressor):
@@ -96,15 +106,21 @@ class Indexer(Compressor):
         rope: tuple[torch.Tensor, torch.Tensor],
         keys: torch.Tensor,  # (pool entries, index_head_dim): the layer's indexer keys
         visible: torch.Tensor,  # (Q, E): pool rows each query may see, -1 padded
+        use_kernels: bool,
     ) -> torch.Tensor:
-        """(Q, min(top-k, E)): the pool rows each query keeps, -1 where it has fewer."""
+        """(Q, min(top-k, E)): the pool rows each query keeps, -1 where it has fewer. The scores
+        are kernels/v4_reference.indexer_scores_reference's (v4_indexer.py on the kernel path);
+        the top-k is torch.topk on either."""
         q = self.q_b_proj(q_residual).view(-1, self.num_heads, self.head_dim)  # (Q, H, D)
         q = apply_rope(q, *rope)
-        gathered = keys[visible.clamp(min=0)].float()  # (Q, E, D)
-        scores = F.relu(torch.matmul(q.float(), gathered.transpose(1, 2)))  # (Q, H, E)
         weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (Q, H)
-        scores = (scores * self.head_dim**-0.5 * weights[..., None]).sum(dim=1)  # (Q, E)
-        scores = scores.masked_fill(visible < 0, float("-inf"))
+        args = (q, weights, keys, visible, self.head_dim**-0.5)
+        if use_kernels:  # triton is imported only on the kernel path
+            from inference.engine.kernels.v4_indexer import indexer_scores
+
+            scores = indexer_scores(*args)
+        else:
+            scores = indexer_scores_reference(*args)  # (Q, E)
         picks = scores.topk(min(self.topk, visible.shape[1]), dim=-1).indices
         return visible.gather(1, picks)  # an unseeable pick stays -1
 
@@ -181,11 +197,12 @@ class Attention(nn.Module):
                     (cos[rows], sin[rows]),
                     state.index_entries,
                     entries[rows],
+                    meta.use_kernels,
                 )
                 keys.append((state.entries, picked))
             elif entries is not None:
                 keys.append((state.entries, entries[rows]))
-            out[rows] = self._attend(q[rows], keys)
+            out[rows] = self._attend(q[rows], keys, meta.use_kernels)
         out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
         grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
         return self.o_b_proj(self.o_a_proj(grouped))
@@ -200,36 +217,22 @@ class Attention(nn.Module):
         closing = meta.tables.closing_windows(self.kind, self.rate)
         if closing.windows.numel() == 0:
             return
-        split = compressor.projection_width
-        current = state.projections[closing.slots]  # (N, rate, widths)
-        has_previous = closing.prev_slots[:, 0] >= 0
-        previous = None
-        if compressor.overlap:
-            previous = state.projections[closing.prev_slots.clamp(min=0)]
-        entries = compressor.pool(
-            current[..., :split],
-            previous[..., :split] if previous is not None else None,
-            has_previous,
-            closing.windows,
-            rotary,
-        )
+        use_kernels = meta.use_kernels
+        entries = compressor.pool(state.projections, 0, closing, rotary, use_kernels)
         state.entries[closing.entry_rows] = entries.to(state.entries.dtype)
         if indexer is not None:
-            keys = indexer.pool(
-                current[..., split:], previous[..., split:], has_previous, closing.windows, rotary
-            )
+            split = compressor.projection_width  # the indexer's columns follow the compressor's
+            keys = indexer.pool(state.projections, split, closing, rotary, use_kernels)
             state.index_entries[closing.entry_rows] = keys.to(state.index_entries.dtype)
 
-    def _attend(self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]):
+    def _attend(
+        self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]], use_kernels: bool
+    ) -> torch.Tensor:
         """(Q, H, D): each query over the pool rows it reads, (pool, rows (Q, K) -1 padded)
-        per part, with the sinks in the softmax."""
-        rows = torch.cat([r for _, r in keys], dim=1)  # (Q, K)
-        gathered = torch.cat(
-            [pool[r.clamp(min=0)].to(q.dtype).float() for pool, r in keys], dim=1
-        )  # (Q, K, D)
-        logits = torch.matmul(q.float(), gathered.transpose(1, 2)) * self.scale  # (Q, H, K)
-        logits = logits.masked_fill((rows < 0)[:, None, :], float("-inf"))
-        sinks = self.sinks.float()[None, :, None].expand(q.shape[0], -1, 1)
-        combined = torch.cat([logits, sinks], dim=-1)
-        probs = (combined - combined.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
-        return torch.matmul(probs, gathered).to(q.dtype)
+        per part, with the sinks in the softmax: the triton kernel reads the rows in place, the
+        torch reference gathers them."""
+        if use_kernels:
+            from inference.engine.kernels.v4_sparse_attention import sparse_attention
+
+            return sparse_attention(q, keys, self.sinks, self.scale)
+        return sparse_attention_reference(q, keys, self.sinks, self.scale)

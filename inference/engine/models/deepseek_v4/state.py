@@ -172,22 +172,22 @@ class DeepseekV4Metadata:
 
 
 class DeepseekV4MetadataBuilder:
-    """The torch path's metadata for DeepSeek-V4 (its attention has no kernel yet)."""
+    """DeepSeek-V4's per-step metadata; with use_kernels its attention runs the triton kernels
+    (CUDA, or CPU under the interpreter) instead of their torch references."""
 
     def __init__(
         self,
         config: DeepseekV4Config,
         block_size: int,
         device: torch.device,
-        *,
         use_kernels: bool = False,
     ) -> None:
         check_block_size(config, block_size)
+        self.use_kernels = use_kernels
         self.block_size = block_size
         self.csa_entries_per_block = block_size // config.csa_rate
         self.window = config.sliding_window
         self.device = device
-        self.use_kernels = use_kernels
 
     def build(self, full: GroupSpans, sliding: GroupSpans | None) -> DeepseekV4Metadata:
         assert sliding is not None, "DeepSeek-V4 keeps its window state in the sliding group"
