@@ -59,7 +59,7 @@ def measure(path: Path, rank: int | None = None, world_size: int | None = None) 
 
     shard = None
     if world_size is not None:
-        from inference.engine.models.deepseek_v4.loader import Shard
+        from inference.engine.loading.shard import Shard
 
         shard = Shard(rank or 0, world_size)
     torch.set_num_threads(1)

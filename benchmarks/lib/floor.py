@@ -33,7 +33,6 @@ from benchmarks.lib import baseline_llamacpp
 from benchmarks.lib.report import RunSummary
 from benchmarks.lib.results import RunResult
 from inference.engine.attention.decode_windows import SPLITS
-from inference.engine.runner.model_runner import kv_groups_of
 
 CHUNK = 1024
 DECODE_TRIES = 9
@@ -136,7 +135,7 @@ def measure_floor(
     """The floor for `cached_run`'s requests; None for a model with sliding-window layers
     (their attention is bounded by the window, which this estimate does not model)."""
     cfg = model.config
-    if "sliding" in kv_groups_of(cfg):
+    if "sliding" in cfg.paged_state_spec().kv_groups:
         return None
     linears = _layer_linears(model)
     num_layers, n_kv, head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim

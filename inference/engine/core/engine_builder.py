@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from inference.engine.attention.paged_state import PagedStateSpec
 from inference.engine.config import CacheConfig, EngineConfig
 from inference.engine.core.scheduler import Scheduler
 from inference.engine.distributed.executor import TensorParallelExecutor
@@ -24,15 +25,10 @@ from inference.engine.kv.tiers.disk_tier import DiskTier
 from inference.engine.kv.tiers.group_io import GroupIO
 from inference.engine.kv.tiers.host_tier import HostTier
 from inference.engine.kv.tiers.offloader import KVOffloader
+from inference.engine.loading.shard import Shard
 from inference.engine.memory_plan import check_engine
 from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4.loader import Shard
-from inference.engine.runner.model_runner import (
-    ModelRunner,
-    RunnerSetup,
-    group_block_bytes,
-    kv_groups_of,
-)
+from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
 from inference.engine.spec_decode import Drafter
 from inference.engine.spec_decode.mtp import MtpDrafter
 from inference.engine.spec_decode.ngram import NgramProposer
@@ -78,28 +74,28 @@ def build_engine(
     if executor is not None:
         loaded = executor.shard(loaded)  # the KV cache below is this rank's shard too
     max_model_len = min(scheduling.max_model_len or loaded.max_model_len, loaded.max_model_len)
-    own_state = hasattr(loaded.model, "allocate_state")
-    kv_cache_dtype = running.kv_cache_dtype
-    if own_state and kv_cache_dtype != running.dtype:
+    state_spec = loaded.config.paged_state_spec()  # what the model's paged state is
+    kv_cache_dtype = state_spec.state_dtype(running.dtype, running.kv_cache_dtype)
+    if kv_cache_dtype != running.kv_cache_dtype:
         logger.warning(
-            "%s keeps its own attention state in the model's dtype (%s): kv_cache_dtype=%s "
-            "does not apply to it",
+            "%s keeps its attention state in %s: kv_cache_dtype=%s does not apply to it",
             type(loaded.model).__name__,
-            running.dtype,
             kv_cache_dtype,
+            running.kv_cache_dtype,
         )
-        kv_cache_dtype = running.dtype
     dtype = getattr(torch, kv_cache_dtype)
     # The sizes count fp32: a bf16 cache fits twice the blocks in the budget.
     group_bytes = {
         group: size * dtype.itemsize // 4
-        for group, size in group_block_bytes(loaded.config, cache.block_size).items()
+        for group, size in state_spec.group_block_bytes(cache.block_size).items()
     }
     # A running request holds its window plus one prefill chunk in the sliding group (with
     # equal counts, the check of a prompt against num_blocks covers it).
-    window = getattr(loaded.config, "sliding_window", None) or 0
+    window = state_spec.sliding_window or 0
     min_window = -(-(window + scheduling.max_num_batched_tokens) // cache.block_size) + 1
-    num_blocks, num_window_blocks = kv_block_counts(cache, group_bytes, own_state=own_state)
+    num_blocks, num_window_blocks = kv_block_counts(
+        cache, group_bytes, has_window_budget=state_spec.has_window_budget
+    )
     if num_window_blocks != num_blocks and num_window_blocks < min_window:
         raise ValueError(
             f"the window group has {num_window_blocks} blocks; one request's window "
@@ -109,16 +105,16 @@ def build_engine(
     spec = KVCacheSpec(
         num_blocks,
         loaded.fingerprint,
-        sliding_window=_sliding_window(config, loaded.config),
+        sliding_window=_sliding_window(config, state_spec),
         num_sliding_blocks=num_window_blocks,
-        bounded_replay=_bounded_replay(config, loaded.config),
+        bounded_replay=_bounded_replay(config, state_spec),
     )
     kv_cache_manager = KVCacheManager(cache, spec)
     scheduler = Scheduler(
         dataclasses.replace(scheduling, max_model_len=max_model_len),
         kv_cache_manager,
         tokenizer=loaded.tokenizer,
-        drafter=_drafter(config, loaded.model),
+        drafter=_drafter(config, loaded.model.has_mtp),
         num_speculative_tokens=config.speculative.num_speculative_tokens,
     )
     structured = StructuredOutputManager(
@@ -143,7 +139,7 @@ def build_engine(
     offloader = None
     if cache.has_tiers:
         offloader = _kv_offloader(
-            config, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
+            config, state_spec, runner, executor, kv_cache_manager, loaded.fingerprint, dtype
         )
     return EngineParts(
         memory_plan=memory_plan,
@@ -165,12 +161,13 @@ def build_engine(
 
 
 def kv_block_counts(
-    cache: CacheConfig, group_bytes: dict[str, int], *, own_state: bool
+    cache: CacheConfig, group_bytes: dict[str, int], *, has_window_budget: bool
 ) -> tuple[int, int]:
     """Blocks of the full group and of the window (sliding) group: the same count for both,
-    or each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
+    or, for a state whose window group may have a budget of its own (`has_window_budget`),
+    each its own budget (`window_cache_fraction` of the bytes, or `num_window_blocks`)."""
     separate = cache.window_cache_fraction is not None or cache.num_window_blocks is not None
-    if separate and not (own_state and "sliding" in group_bytes):
+    if separate and not (has_window_budget and "sliding" in group_bytes):
         raise ValueError(
             "window_cache_fraction / num_window_blocks give the window group its own budget; "
             "only DeepSeek-V4 models support that so far"
@@ -198,7 +195,7 @@ def kv_block_counts(
 
 
 def _kv_tiers_unsupported(
-    config: EngineConfig, runner: ModelRunner | TensorParallelExecutor, is_parallel: bool
+    config: EngineConfig, state_spec: PagedStateSpec, is_parallel: bool
 ) -> str | None:
     """Why the KV tiers cannot store this engine's KV, or None when they can."""
     if is_parallel:
@@ -206,16 +203,14 @@ def _kv_tiers_unsupported(
             "the KV tiers do not read a tensor-parallel engine's KV shards yet; use them "
             "with tensor_parallel_size=1"
         )
-    if runner.state is not None:
-        return (
-            f"model {config.model} keeps its own compressed state (DeepSeek-V4), which "
-            "the KV tiers do not store yet; use them with llama-family or Gemma 3 models"
-        )
+    if state_spec.kv_tiers_unsupported is not None:
+        return f"model {config.model} {state_spec.kv_tiers_unsupported}"
     return None
 
 
 def _kv_offloader(
     config: EngineConfig,
+    state_spec: PagedStateSpec,
     runner: ModelRunner | TensorParallelExecutor,
     executor: TensorParallelExecutor | None,
     kv_cache_manager: KVCacheManager,
@@ -224,7 +219,7 @@ def _kv_offloader(
 ) -> KVOffloader | None:
     """The tiers below the device pool (kv/tiers), for every KV cache group."""
     cache = config.cache
-    unsupported = _kv_tiers_unsupported(config, runner, executor is not None)
+    unsupported = _kv_tiers_unsupported(config, state_spec, executor is not None)
     if unsupported and cache.kv_tiers_where_supported:
         logger.info("KV tiers off for this engine: %s", unsupported)
         return None
@@ -263,12 +258,12 @@ def _kv_offloader(
     )
 
 
-def _drafter(config: EngineConfig, model) -> Drafter | None:
+def _drafter(config: EngineConfig, has_mtp: bool) -> Drafter | None:
     speculative = config.speculative
     if speculative.speculative_method is None:
         return None
     if speculative.speculative_method == "mtp":
-        if not getattr(model, "has_mtp", False):
+        if not has_mtp:
             raise ValueError(
                 "speculative_method='mtp' needs a model with a multi-token-prediction "
                 f"layer; model {config.model} has none (DeepSeek-V4 checkpoints with "
@@ -278,22 +273,22 @@ def _drafter(config: EngineConfig, model) -> Drafter | None:
     return NgramProposer(speculative.prompt_lookup_min, speculative.prompt_lookup_max)
 
 
-def _bounded_replay(config: EngineConfig, model_config) -> BoundedReplay | None:
+def _bounded_replay(config: EngineConfig, state_spec: PagedStateSpec) -> BoundedReplay | None:
     if not config.cache.enable_bounded_replay:
         return None
-    alignment = getattr(model_config, "replay_alignment", None)
+    alignment = state_spec.replay_alignment
     if alignment is None:
         raise ValueError(
             f"enable_bounded_replay is DeepSeek's scheme for DeepSeek-V4; model "
             f"{config.model} has no compressed state to replay over"
         )
-    return BoundedReplay(int(model_config.sliding_window), int(alignment))
+    return BoundedReplay(int(state_spec.sliding_window), int(alignment))
 
 
-def _sliding_window(config: EngineConfig, model_config) -> int | None:
+def _sliding_window(config: EngineConfig, state_spec: PagedStateSpec) -> int | None:
     """The window of the model's sliding layers (None: it has none, the retention interval
     changes nothing and we say so)."""
-    groups = kv_groups_of(model_config)
+    groups = state_spec.kv_groups
     if "sliding" not in groups:
         if config.cache.retention_interval is not None:
             logger.warning(
@@ -308,4 +303,4 @@ def _sliding_window(config: EngineConfig, model_config) -> int | None:
             f"model {config.model} has only sliding-window layers; the engine needs "
             "at least one full-attention layer to chain its prefix cache"
         )
-    return int(model_config.sliding_window)
+    return int(state_spec.sliding_window)

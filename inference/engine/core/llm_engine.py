@@ -30,7 +30,6 @@ from inference.engine.kv.pinned_heads import PinnedHead
 from inference.engine.metrics import EngineStats
 from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.request import Request, RequestStatus
-from inference.engine.runner.model_runner import kv_groups_of
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.structured_output.structured_output import CompileOutcome
 
@@ -207,7 +206,7 @@ class LLMEngine:
     @property
     def has_sliding_window_layers(self) -> bool:
         """Whether some layers attend over a window (then the retention interval matters)."""
-        return "sliding" in kv_groups_of(self.parts.model_config)
+        return "sliding" in self.parts.model_config.paged_state_spec().kv_groups
 
     def warm(
         self, prompt_head: Prompt, pin: bool = True, cache_salt: str | None = None

@@ -25,8 +25,8 @@ from inference.engine.config import EngineConfig
 from inference.engine.distributed.communicator import close_distributed, init_distributed
 from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
+from inference.engine.loading.shard import Shard
 from inference.engine.models import load_model
-from inference.engine.models.deepseek_v4.loader import Shard
 from inference.engine.runner.model_runner import RunnerSetup
 
 logger = logging.getLogger(__name__)

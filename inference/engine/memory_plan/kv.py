@@ -1,8 +1,9 @@
 """KV/state bytes per token, by attention kind, as the engine allocates them (per rank).
 
-The engine's KV memory is two block pools (runner/model_runner.group_block_bytes): the "full"
-group, kept for a whole prefix, and the "sliding" group, a window per running request plus the
-window checkpoints the cache keeps. Per kind:
+The engine's KV memory is two block pools (the model's PagedStateSpec.group_block_bytes): the
+"full" group, kept for a whole prefix, and the "sliding" group, a window per running request
+plus the window checkpoints the cache keeps. Per kind (each model's spec lists its own:
+PagedStateSpec.state_kinds):
 - llama family: every layer's K and V, kv_cache_dtype bytes (full).
 - Gemma 3: its global layers' K/V (full) and its sliding layers' K/V (sliding).
 - DeepSeek-V4 (models/deepseek_v4/state.py; its state is held in the model's dtype): every
@@ -21,20 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.attention.paged_state import StateKind
 from inference.engine.distributed.sharding import head_shard
 from inference.engine.memory_plan.model_spec import ModelSpec
 from inference.engine.memory_plan.weights import Sharding
-from inference.engine.models.deepseek_v4.config import CSA, HCA
-from inference.engine.runner.model_runner import group_block_bytes, layer_types_of
-
-
-@dataclass(frozen=True, slots=True)
-class StateKind:
-    """One kind of per-token state: its bytes per token (per rank) and the group holding it."""
-
-    name: str
-    group: str  # "full" | "sliding"
-    bytes_per_token: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,60 +74,12 @@ def kv_layout(
         config = dataclasses.replace(
             config, num_heads=len(heads.q_heads), num_kv_heads=len(heads.kv_heads)
         )
-    if spec.arch == "deepseek_v4":
-        from inference.engine.models.deepseek_v4.state import check_block_size
-
-        check_block_size(config, block_size)
+    state = config.paged_state_spec()
     scale = kv_dtype.itemsize / 4  # the engine's sizes count fp32
     blocks = {
-        group: int(size * scale) for group, size in group_block_bytes(config, block_size).items()
+        group: int(size * scale) for group, size in state.group_block_bytes(block_size).items()
     }
-    if spec.arch == "deepseek_v4":
-        kinds = _deepseek_v4_kinds(config, block_size, kv_dtype.itemsize)
-    else:
-        kinds = _paged_kinds(config, kv_dtype.itemsize)
+    kinds = state.state_kinds(block_size, kv_dtype.itemsize)
     has_window = "sliding" in blocks
-    window = int(config.sliding_window) if has_window else None
+    window = int(state.sliding_window) if has_window else None
     return KVLayout(block_size, str(kv_dtype)[6:], kinds, blocks, window)
-
-
-def _paged_kinds(config, itemsize: int) -> tuple[StateKind, ...]:
-    per_layer = 2 * config.num_kv_heads * config.head_dim * itemsize  # K and V
-    types = layer_types_of(config)
-    return tuple(
-        StateKind(f"{kind} attention K/V ({types.count(kind)} layers)", kind, per_layer * count)
-        for kind in ("full", "sliding")
-        if (count := types.count(kind))
-    )
-
-
-def _deepseek_v4_kinds(config, block_size: int, itemsize: int) -> tuple[StateKind, ...]:
-    kinds = config.attention_kinds
-    num_csa, num_hca = kinds.count(CSA), kinds.count(HCA)
-    hd, ihd = config.head_dim, config.index_head_dim
-    num_windows = config.num_layers + min(config.num_mtp_layers, 1)
-    return (
-        StateKind(
-            f"sliding window K=V ({num_windows} layers)", "sliding", num_windows * hd * itemsize
-        ),
-        StateKind(
-            f"CSA compressor inputs ({num_csa} layers)",
-            "sliding",
-            num_csa * config.projection_width(CSA) * itemsize,
-        ),
-        StateKind(
-            f"HCA compressor inputs ({num_hca} layers)",
-            "sliding",
-            num_hca * config.projection_width(HCA) * itemsize,
-        ),
-        StateKind(
-            f"CSA entries + indexer keys ({num_csa} layers, 1 per {config.csa_rate} tokens)",
-            "full",
-            num_csa * (hd + ihd) * itemsize / config.csa_rate,
-        ),
-        StateKind(
-            f"HCA entries ({num_hca} layers, a slot per {block_size}-token block)",
-            "full",
-            num_hca * hd * itemsize / block_size,
-        ),
-    )

@@ -185,8 +185,10 @@ def plan_memory(config: EngineConfig, device_memory_bytes: int, kv_budget: str) 
     dtype = getattr(torch, running.dtype)
     formats = resolve_weights(running.weights, spec.arch, torch.device(device_type))
     weights = weight_bytes(spec, dtype, sharding, formats)
-    # DeepSeek-V4 keeps its state in the model's dtype whatever kv_cache_dtype says (llm_engine).
-    kv_dtype = dtype if spec.arch == "deepseek_v4" else getattr(torch, running.kv_cache_dtype)
+    # The dtype the engine holds the state in (DeepSeek-V4: the model's, whatever
+    # kv_cache_dtype says): the model's PagedStateSpec decides, as in engine_builder.
+    state = spec.config.paged_state_spec()
+    kv_dtype = getattr(torch, state.state_dtype(running.dtype, running.kv_cache_dtype))
     kv = kv_layout(spec, kv_dtype, cache.block_size, sharding)
     max_len = min(config.scheduler.max_model_len or spec.max_model_len, spec.max_model_len)
     reserve, reserve_note = reserve_bytes(spec, config, device_type, max_len)

@@ -26,10 +26,11 @@ from inference.engine.loading.hf_checkpoint import (
     read_hf_weights,
 )
 from inference.engine.loading.model_files import TINY_RANDOM_MODELS, gguf_path_for
+from inference.engine.loading.shard import Shard
 from inference.engine.loading.tokenizer import Tokenizer
 from inference.engine.models import deepseek_v4, gemma3, llama
 from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
-from inference.engine.models.deepseek_v4.loader import Shard, load_deepseek_v4
+from inference.engine.models.deepseek_v4.loader import load_deepseek_v4
 from inference.engine.models.quantized_linear import quantize_model
 
 logger = logging.getLogger(__name__)

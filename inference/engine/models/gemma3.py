@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention.attention_backend import AttentionMetadata
+from inference.engine.attention.paged_kv import PagedKVSpec
 from inference.engine.models.llama import (
     LlamaMLP,
     apply_rope,
@@ -89,6 +90,10 @@ class Gemma3Config:
             # and transformers' default (256 = head_dim here) do.
             query_pre_attn_scalar=float(head_dim),
         )
+
+    def paged_state_spec(self) -> PagedKVSpec:
+        """The engine's view of the KV cache: K and V per token in every layer."""
+        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
@@ -204,6 +209,8 @@ class TiedLMHead(nn.Module):
 
 
 class Gemma3ForCausalLM(nn.Module):
+    has_mtp = False  # no multi-token-prediction layer to draft with
+
     def __init__(self, cfg: Gemma3Config) -> None:
         super().__init__()
         self.config = cfg

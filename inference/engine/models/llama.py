@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention.attention_backend import AttentionMetadata
+from inference.engine.attention.paged_kv import PagedKVSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,10 @@ class LlamaConfig:
     @property
     def sliding_window(self) -> int | None:
         return None
+
+    def paged_state_spec(self) -> PagedKVSpec:
+        """The engine's view of the KV cache: K and V per token in every layer."""
+        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
@@ -179,6 +184,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    has_mtp = False  # no multi-token-prediction layer to draft with
+
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.config = cfg

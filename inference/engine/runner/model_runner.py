@@ -2,18 +2,16 @@
 lists), runs the model on it (`forward`), samples (`sample`). A tensor-parallel engine sends the
 StepBatch to its other ranks between the first two (distributed/executor.py).
 
-It owns the model and the KV cache tensors; the scheduler owns which slots are whose. The KV
-cache of every layer is a view of one stacked tensor (num_layers, 2, num_slots, n_kv_heads,
-head_dim) whose rows hold the layers group by group (full, then sliding), so a copy of slots
-(copy-on-write, window checkpoints) is one call for all the layers of a group (copy_slots).
-A hybrid model's layers come in two KV groups: full-attention layers index the full group's
-slots, sliding-window layers their own (smaller in use, not in size) sliding group's, and get
-their own metadata (`meta.sliding`) listing only the blocks of each request's window.
+It owns the model and its paged state (`state`); the scheduler owns which slots are whose.
+What the state is comes from the model's config (`paged_state_spec()`, attention/paged_state.py):
+the runner allocates it and plans each step's metadata through that spec, whichever model it
+runs. A model with a window (sliding) group gets each request's window blocks in their own
+metadata (`meta.sliding` for plain paged K/V).
 
 The runner describes each step's sequences once (attention_backend.GroupSpans); the metadata
-builder of the attention backend it picked at start (torch path, or the triton kernels: CUDA,
-or CPU under the interpreter) plans that backend's metadata from them. On the kernel path on
-CUDA, decode steps are replayed from CUDA graphs.
+builder the spec gave it at start (torch path, or the triton kernels: CUDA, or CPU under the
+interpreter, where the state has kernels) plans that backend's metadata from them. On the
+kernel path on CUDA, decode steps are replayed from CUDA graphs.
 
 Before the forward it copies the partial blocks of token-exact reuse (copy-on-write): all
 sources are read before any destination is written.
@@ -27,9 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, MetadataBuilder, ScheduledSpan
-from inference.engine.attention.torch_metadata import TorchMetadataBuilder
-from inference.engine.kernels.metadata import KernelMetadataBuilder
-from inference.engine.kernels.reference import copy_slots_reference
+from inference.engine.attention.paged_state import PagedState
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
@@ -116,7 +112,7 @@ class ModelRunner:
         structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
         *,
         dtype: torch.dtype = torch.float32,
-        kv_cache_dtype: torch.dtype | None = None,  # None: `dtype`; own-state models: unused
+        kv_cache_dtype: torch.dtype | None = None,  # the state's (spec.state_dtype); None: `dtype`
         use_kernels: bool = False,
         cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
         max_num_seqs: int = 1,
@@ -128,58 +124,31 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.structured = structured
-        cfg = loaded.config
-        layer_types = layer_types_of(cfg)
-        self.layer_types = layer_types
-        self.has_sliding = "sliding" in kv_groups_of(cfg)
-        self.sliding_window = getattr(cfg, "sliding_window", None)
-        own_state = hasattr(self.model, "allocate_state")  # a model with its own paged state
-        self.metadata_builder: MetadataBuilder
-        if own_state:
-            if use_kernels:  # "auto" picks triton on CUDA: say what runs instead
-                logger.warning(
-                    "attention_backend='triton' has no kernel for %s's attention yet; its "
-                    "layers run the torch path",
-                    type(self.model).__name__,
-                )
-                use_kernels = False
-            self.metadata_builder = self.model.metadata_builder(block_size, device)
-        elif use_kernels:
+        spec = loaded.config.paged_state_spec()
+        self.layer_types = spec.layer_types
+        self.has_sliding = "sliding" in spec.kv_groups
+        self.sliding_window = spec.sliding_window
+        if use_kernels and not spec.has_attention_kernels:
+            # "auto" picks triton on CUDA: say what runs instead.
+            logger.warning(
+                "attention_backend='triton' has no kernel for %s's attention yet; its "
+                "layers run the torch path",
+                type(self.model).__name__,
+            )
+            use_kernels = False
+        if use_kernels:
             from inference.engine.kernels._common import check_device
 
             check_device(device)  # on CPU: refuses unless the interpreter is on
-            self.metadata_builder = KernelMetadataBuilder(
-                block_size, device, sliding_window=self.sliding_window
-            )
-        else:
-            self.metadata_builder = TorchMetadataBuilder(
-                block_size,
-                device,
-                sliding_window=self.sliding_window,
-                decode_windows=decode_windows,
-            )
-        if device.type == "cuda":
-            from inference.engine.kernels.copy_slots import copy_slots
-        else:
-            copy_slots = copy_slots_reference  # the same torch ops, without importing triton
-        self._copy_slots = copy_slots
-        # Both groups have num_blocks blocks (see llm_engine).
-        self.state = None
-        if own_state:  # DeepSeek-V4: windows and compressed entries (models/deepseek_v4/state.py)
-            self.state = self.model.allocate_state(
-                num_blocks, num_window_blocks or num_blocks, block_size, dtype, device
-            )
-            self.kv_caches = self.state.layers
-        else:
-            self.kv_cache, self.kv_caches, self.group_caches = allocate_kv_cache(
-                layer_types,
-                num_blocks * block_size,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                kv_cache_dtype or dtype,
-                device,
-            )
-        if draft_with_mtp and not getattr(self.model, "has_mtp", False):
+        self.metadata_builder: MetadataBuilder = spec.metadata_builder(
+            block_size, device, use_kernels=use_kernels, decode_windows=decode_windows
+        )
+        state_dtype = spec.state_dtype(dtype, kv_cache_dtype or dtype)
+        self.state: PagedState | None = spec.allocate(
+            num_blocks, num_window_blocks or num_blocks, block_size, state_dtype, device
+        )
+        self.kv_caches = self.state.layers  # each layer's view: what the forward reads
+        if draft_with_mtp and not self.model.has_mtp:
             raise ValueError(f"{type(self.model).__name__} has no MTP layer to draft with")
         self.draft_with_mtp = draft_with_mtp
         self.drafts: dict[str, list[int]] = {}  # the last step's MTP drafts (take_drafts)
@@ -196,48 +165,29 @@ class ModelRunner:
     @torch.inference_mode()
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         """Copy each record's first `num_slots` slots from its source block to its destination,
-        in every layer of its group (full or sliding): one copy_slots per group."""
-        if self.state is not None:
-            self.state.copy_blocks(copies)
-            return
-        size = self.block_size
-        for group, cache in self.group_caches.items():
-            mine = [c for c in copies if c.group == group]
-            if not mine:
-                continue
-            src = [c.src_block_id * size + i for c in mine for i in range(c.num_slots)]
-            dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
-            self._copy_slots(cache, self._index(src), self._index(dst))
+        in every layer of its group (full or sliding)."""
+        self.state.copy_blocks(copies)
+
+    # The KV tiers' reads and writes, and slot copies, of a state that has them (plain paged
+    # K/V: spec.kv_tiers_unsupported is None).
 
     @torch.inference_mode()
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
-        """A copy of these blocks' K/V in every layer of the group, on the CPU:
-        (num_group_layers * 2, len(block_ids) * block_size, n_kv_heads, head_dim)."""
-        cache = self.group_caches[group]
-        slots = self._index(self._block_slots(block_ids))
-        return cache.index_select(1, slots).to("cpu")
+        """A copy of these blocks' state in every layer of the group, on the CPU."""
+        return self.state.read_blocks(group, block_ids)
 
     @torch.inference_mode()
     def write_blocks(self, group: str, block_ids: list[int], payload: torch.Tensor) -> None:
-        """Put K/V read by read_blocks (same shape) into these blocks of the group."""
-        cache = self.group_caches[group]
-        slots = self._index(self._block_slots(block_ids))
-        cache.index_copy_(1, slots, payload.to(device=cache.device, dtype=cache.dtype))
+        """Put what read_blocks gave (same shape) into these blocks of the group."""
+        self.state.write_blocks(group, block_ids, payload)
 
     def block_shape(self, group: str) -> tuple[int, ...]:
-        """One block's K/V in a group, as read_blocks gives it for one block."""
-        rows, _, n_kv_heads, head_dim = self.group_caches[group].shape
-        return (rows, self.block_size, n_kv_heads, head_dim)
-
-    def _block_slots(self, block_ids: list[int]) -> list[int]:
-        size = self.block_size
-        return [block_id * size + i for block_id in block_ids for i in range(size)]
+        """One block's state in a group, as read_blocks gives it for one block."""
+        return self.state.block_shape(group)
 
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        """Copy KV slots in every layer's K and V at once: the copy-on-write of a partly filled
-        block, or a sliding-window checkpoint saved or restored (the kernel on CUDA)."""
-        cache = self.kv_cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
-        self._copy_slots(cache, self._index(src_slots), self._index(dst_slots))
+        """Copy slots in every layer at once (the kernel on CUDA)."""
+        self.state.copy_slots(src_slots, dst_slots)
 
     def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
@@ -381,11 +331,8 @@ class ModelRunner:
     def close(self) -> None:
         """Let go of the KV cache (its memory is freed once nothing else holds it)."""
         self.kv_caches = []
-        self.kv_cache = self.group_caches = self.state = None
+        self.state = None
         self.graphs = None
-
-    def _index(self, slots: list[int]) -> torch.Tensor:
-        return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     def _slots(self, block_ids: list[int], start: int, end: int, first: int = 0) -> list[int]:
         """Slot of each position in [start, end); block_ids[0] is block index `first`."""
@@ -404,52 +351,3 @@ def _per_request(row_requests: list[Request], tokens: list[int | RequestError]) 
         error = next((t for t in mine if isinstance(t, RequestError)), None)
         result[request_id] = error or (mine if len(mine) > 1 else mine[0])
     return result
-
-
-def layer_types_of(config) -> tuple[str, ...]:
-    """Each layer's attention kind, "full" or "sliding" (architectures without the field: full)."""
-    return tuple(getattr(config, "layer_types", None) or ("full",) * config.num_layers)
-
-
-def kv_groups_of(config) -> tuple[str, ...]:
-    """The KV cache groups a model needs: "full" (kept for the whole prefix, hash-chained) and,
-    with sliding-window state, "sliding". A model whose layers each keep state of both kinds
-    (DeepSeek-V4) says so itself (`kv_groups`); others have one group per layer kind."""
-    groups = getattr(config, "kv_groups", None)
-    if groups is not None:
-        return tuple(groups)
-    types = layer_types_of(config)
-    return tuple(kind for kind in ("full", "sliding") if kind in types)
-
-
-def group_block_bytes(config, block_size: int) -> dict[str, int]:
-    """fp32 bytes one block of each KV group holds across its layers. A model whose state is
-    not plain K/V per token (DeepSeek-V4) says so itself (`kv_group_bytes_per_block`)."""
-    if hasattr(config, "kv_group_bytes_per_block"):
-        return config.kv_group_bytes_per_block(block_size)
-    types = layer_types_of(config)
-    per_layer = block_size * config.kv_bytes_per_token_per_layer
-    return {kind: per_layer * types.count(kind) for kind in ("full", "sliding") if kind in types}
-
-
-def allocate_kv_cache(
-    layer_types: tuple[str, ...],
-    num_slots: int,
-    n_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
-    """The stacked cache (num_layers, 2, num_slots, n_kv_heads, head_dim), its rows the full
-    layers then the sliding ones; each layer's (K, V) views, in layer order; and each group's
-    rows as one (num_group_layers * 2, num_slots, n_kv_heads, head_dim) view, for copy_slots."""
-    cache = torch.zeros(
-        (len(layer_types), 2, num_slots, n_kv_heads, head_dim), dtype=dtype, device=device
-    )
-    rows = sorted(range(len(layer_types)), key=lambda layer: layer_types[layer] != "full")
-    row_of = {layer: row for row, layer in enumerate(rows)}
-    per_layer = [(cache[row_of[i], 0], cache[row_of[i], 1]) for i in range(len(layer_types))]
-    num_full = layer_types.count("full")
-    groups = {"full": cache[:num_full], "sliding": cache[num_full:]}
-    per_group = {name: part.flatten(0, 1) for name, part in groups.items() if part.shape[0]}
-    return cache, per_layer, per_group

@@ -86,13 +86,12 @@ def v4_one_pass(model, ids: list[int], rows: list[int], block_size: int = 16, **
     `rows` (with keep_for_draft=True, also what its MTP layer reads)."""
     n = len(ids)
     num_blocks = -(-n // block_size)
-    state = model.allocate_state(
-        num_blocks, num_blocks, block_size, torch.float32, torch.device("cpu")
-    )
+    spec = model.config.paged_state_spec()
+    state = spec.allocate(num_blocks, num_blocks, block_size, torch.float32, torch.device("cpu"))
     blocks = list(range(num_blocks))
     full = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks)])
     window = GroupSpans(list(range(n)), [ScheduledSpan(0, n, 0, blocks, first_block=0)])
-    meta = model.metadata_builder(block_size, torch.device("cpu")).build(full, window)
+    meta = spec.metadata_builder(block_size, torch.device("cpu")).build(full, window)
     output = model(
         torch.tensor(ids), torch.arange(n), state.layers, meta, torch.tensor(rows), **kwargs
     )

@@ -49,7 +49,8 @@ def _spans(parts: list[tuple[int, int, int]]) -> tuple[GroupSpans, GroupSpans]:
 
 def _run(model, state, prompts, parts) -> torch.Tensor:
     full, window = _spans(parts)
-    meta = model.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
+    spec = model.config.paged_state_spec()
+    meta = spec.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
     ids = [t for seq, start, n in parts for t in prompts[seq][start : start + n]]
     positions = [p for _, start, n in parts for p in range(start, start + n)]
     rows = torch.arange(len(ids))
@@ -59,7 +60,9 @@ def _run(model, state, prompts, parts) -> torch.Tensor:
 def _stepped_state(model, prompts):
     """A fresh state holding each sequence's history, written one sequence at a time."""
     num = len(STEP) * BLOCKS_EACH
-    state = model.allocate_state(num, num, BLOCK, torch.float32, torch.device("cpu"))
+    state = model.config.paged_state_spec().allocate(
+        num, num, BLOCK, torch.float32, torch.device("cpu")
+    )
     for seq, (start, _) in enumerate(STEP):
         if start:
             _run(model, state, prompts, [(seq, 0, start)])

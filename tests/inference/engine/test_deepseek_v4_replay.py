@@ -104,8 +104,10 @@ def test_a_replay_computes_what_its_definition_says(make_v4_engine):
     assert replayed.metrics.num_cached_tokens == 128
     n, start, size = len(prompt), 128, 16
     blocks = list(range(-(-n // size)))
-    state = model.allocate_state(len(blocks), len(blocks), size, torch.float32, torch.device("cpu"))
-    builder = model.metadata_builder(size, torch.device("cpu"))
+    state = model.config.paged_state_spec().allocate(
+        len(blocks), len(blocks), size, torch.float32, torch.device("cpu")
+    )
+    builder = model.config.paged_state_spec().metadata_builder(size, torch.device("cpu"))
     for lo, hi, window_start in ((0, start, 0), (start, n, start)):
         first = window_start // size
         full = GroupSpans(list(range(lo, hi)), [ScheduledSpan(0, hi - lo, lo, blocks)])

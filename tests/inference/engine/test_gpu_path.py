@@ -49,7 +49,7 @@ def test_cuda_kernels_and_graphs_give_the_cpu_torch_paths_tokens():
 @gpu
 def test_bf16_engine_runs_and_its_kv_cache_is_bf16():
     tokens, engine = _tokens("cuda")
-    assert engine.runner.kv_cache.dtype == torch.bfloat16
+    assert engine.runner.state.cache.dtype == torch.bfloat16
     assert all(len(t) == 10 for t in tokens)
 
 

@@ -61,7 +61,7 @@ def test_kernels_on_cpu_without_the_interpreter_are_refused_at_engine_start():
 
 def test_runner_copies_slots_in_every_layers_k_and_v(make_tiny_engine):
     engine = make_tiny_engine(num_kv_blocks=16)
-    cache = engine.runner.kv_cache  # (num_layers, 2, num_slots, n_kv_heads, head_dim)
+    cache = engine.runner.state.cache  # (num_layers, 2, num_slots, n_kv_heads, head_dim)
     cache.copy_(torch.randn(cache.shape))
     before = cache.clone()
     src, dst = [0, 1, 2, 40], [16, 17, 18, 70]  # the first 3 slots of block 0 into block 1, ...

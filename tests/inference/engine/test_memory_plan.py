@@ -114,7 +114,7 @@ def test_llama_kv_per_token_is_what_the_engine_allocates(kv_cache_dtype):
     )
     try:
         plan = engine.memory_plan
-        cache = engine.runner.kv_cache
+        cache = engine.runner.state.cache
         assert engine.num_blocks == plan.num_blocks
         per_token = cache.numel() * cache.element_size() / (engine.num_blocks * 16)
         assert plan.kv_bytes_per_token_per_rank == per_token

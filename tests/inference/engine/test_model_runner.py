@@ -15,7 +15,7 @@ def test_a_block_copy_reaches_every_layer_of_its_group_and_no_other(make_hybrid_
     size = runner.block_size
     kinds = runner.layer_types
     assert set(kinds) == {"full", "sliding"}
-    saved = runner.kv_cache.clone()
+    saved = runner.state.cache.clone()
     try:
         with torch.inference_mode():
             for k, v in runner.kv_caches:
@@ -31,7 +31,7 @@ def test_a_block_copy_reaches_every_layer_of_its_group_and_no_other(make_hybrid_
                         new[dst * size : dst * size + 5] = old[src * size : src * size + 5]
                 assert torch.equal(k, copied[0]) and torch.equal(v, copied[1]), (kind, group)
     finally:
-        runner.kv_cache.copy_(saved)
+        runner.state.cache.copy_(saved)
 
 
 def test_the_runner_and_both_metadata_builders_import_without_triton():

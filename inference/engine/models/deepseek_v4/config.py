@@ -9,7 +9,10 @@ the same in both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference.engine.models.deepseek_v4.state_spec import DeepseekV4StateSpec
 
 SLIDING, CSA, HCA = (
     "sliding_attention",
@@ -160,18 +163,12 @@ class DeepseekV4Config:
 
     # ---- what the engine reads of any model config ----------------------------------------
 
-    @property
-    def kv_groups(self) -> tuple[str, ...]:
-        """The engine's KV groups: every layer keeps a window of K=V and compressor inputs
-        ("sliding"), and a compressor layer its compressed entries for the whole prefix
-        ("full", which also chains the prefix cache: it exists even with no compressor)."""
-        return ("full", "sliding")
+    def paged_state_spec(self) -> DeepseekV4StateSpec:
+        """The engine's view of V4's paged state (deepseek_v4.state_spec, which imports this
+        module: imported here)."""
+        from inference.engine.models.deepseek_v4.state_spec import DeepseekV4StateSpec
 
-    @property
-    def replay_alignment(self) -> int:
-        """Where a bounded replay may start: a multiple of every compression rate, so that no
-        compressor window is cut (128 for V4)."""
-        return max(self.csa_rate, self.hca_rate)
+        return DeepseekV4StateSpec(self)
 
     @property
     def num_kv_heads(self) -> int:
@@ -203,9 +200,3 @@ class DeepseekV4Config:
             elif kind == HCA:
                 total += self.head_dim
         return 4 * total
-
-    def kv_group_bytes_per_block(self, block_size: int) -> dict[str, int]:
-        return {
-            "full": self.entry_bytes_per_block(block_size),
-            "sliding": block_size * self.window_bytes_per_token(),
-        }

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from inference.engine.loading.shard import Shard
 from inference.engine.models.deepseek_v4.attention import GroupedLinear
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.model import DeepseekV4ForCausalLM, rotary_embeddings
@@ -75,15 +76,6 @@ class Source:
         if self.dtype == "F4":  # torch's float4 pair type: two values a byte, as uint8 here
             return torch.empty(self.shape, dtype=torch.uint8, device="meta")
         return torch.empty(self.shape, dtype=_DTYPES[self.dtype], device="meta")
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """Expert parallelism at load: this rank keeps experts balanced_range(E, rank, world_size)
-    of each main layer (the MTP layer's experts stay whole)."""
-
-    rank: int
-    world_size: int
 
 
 @dataclass(slots=True)

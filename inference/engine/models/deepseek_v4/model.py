@@ -13,8 +13,10 @@ packed) load through deepseek_v4.loader. Per layer:
 - manifold-constrained hyper-connections (hc_mult residual streams, Sinkhorn-mixed).
 
 The per-request state lives in deepseek_v4.state (which group holds what, and why that
-resumes exactly at any position). Attention runs in torch over all of a step's sequences at
-once (deepseek_v4.step_tables; no kernel yet), the routed experts as one grouped computation.
+resumes exactly at any position); the engine allocates and plans it through its config's
+`paged_state_spec()` (deepseek_v4.state_spec). Attention runs in torch over all of a step's
+sequences at once (deepseek_v4.step_tables; no kernel yet), the routed experts as one grouped
+computation.
 The checkpoint's multi-token-prediction layer (`mtp.0.*`), when its config declares one, is
 built and loaded (deepseek_v4.mtp) and drafts a token per step for speculative decoding.
 """
@@ -32,12 +34,7 @@ from inference.engine.models.deepseek_v4.hyper_connections import HyperConnectio
 from inference.engine.models.deepseek_v4.layers import RMSNorm, Ropes, Rotary, rope_inv_freq
 from inference.engine.models.deepseek_v4.moe import MoE
 from inference.engine.models.deepseek_v4.mtp import MTPLayer
-from inference.engine.models.deepseek_v4.state import (
-    DeepseekV4Metadata,
-    DeepseekV4MetadataBuilder,
-    DeepseekV4State,
-    LayerState,
-)
+from inference.engine.models.deepseek_v4.state import DeepseekV4Metadata, LayerState
 
 
 @dataclass(slots=True)
@@ -117,23 +114,6 @@ class DeepseekV4ForCausalLM(nn.Module):
     @property
     def has_mtp(self) -> bool:
         return len(self.mtp) > 0
-
-    # ---- the engine's seam: its own state layout and metadata --------------------------------
-
-    def allocate_state(
-        self,
-        num_blocks: int,
-        num_window_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> DeepseekV4State:
-        return DeepseekV4State(
-            self.config, num_blocks, num_window_blocks, block_size, dtype, device
-        )
-
-    def metadata_builder(self, block_size: int, device: torch.device) -> DeepseekV4MetadataBuilder:
-        return DeepseekV4MetadataBuilder(self.config, block_size, device)
 
     @torch.inference_mode()
     def forward(

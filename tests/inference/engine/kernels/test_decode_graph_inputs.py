@@ -53,10 +53,10 @@ def test_padded_decode_step_matches_the_eager_step_and_padding_writes_nothing(se
         decode = [ScheduledSpan(i, 1, n, blocks[i]) for i, n in enumerate(lengths)]
         ids = [rng.randrange(5, 40000) for _ in lengths]
         slots = [slot(i, n) for i, n in enumerate(lengths)]
-        before = runner.kv_cache.clone()
+        before = runner.state.cache.clone()
         eager = _step(runner, decode, ids, lengths, slots, [0, 1, 2])
-        after = runner.kv_cache.clone()
-        runner.kv_cache.copy_(before)
+        after = runner.state.cache.clone()
+        runner.state.cache.copy_(before)
         # A bound of 1,024 tokens: the graph's grid has two split-K partitions, the eager one.
         graphs = DecodeGraphs(BLOCK, max_len=1024, max_num_seqs=8, device=torch.device("cpu"))
         size = graphs.prepare(ids, lengths, slots, decode)
@@ -69,11 +69,11 @@ def test_padded_decode_step_matches_the_eager_step_and_padding_writes_nothing(se
         # (AVX2 vs AVX-512). Every other slot is exactly as before: padding wrote nothing.
         written = torch.tensor(slots)
         torch.testing.assert_close(
-            runner.kv_cache[:, :, written], after[:, :, written], atol=1e-5, rtol=1e-5
+            runner.state.cache[:, :, written], after[:, :, written], atol=1e-5, rtol=1e-5
         )
-        untouched = torch.ones(runner.kv_cache.shape[2], dtype=torch.bool)
+        untouched = torch.ones(runner.state.cache.shape[2], dtype=torch.bool)
         untouched[written] = False
-        assert torch.equal(runner.kv_cache[:, :, untouched], before[:, :, untouched])
+        assert torch.equal(runner.state.cache[:, :, untouched], before[:, :, untouched])
         assert not torch.equal(after[:, :, written], before[:, :, written])  # the step wrote
         assert not graphs.can_run(decode, 3)  # no graph captured: the runner runs eagerly
     finally:

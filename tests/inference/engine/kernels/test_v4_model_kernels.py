@@ -39,7 +39,8 @@ def _run(model, state, prompts, parts, use_kernels: bool) -> torch.Tensor:
         spans.append(ScheduledSpan(query_start, length, start, blocks))
         query_start += length
     full, window = GroupSpans(slots, spans), GroupSpans(list(slots), spans)
-    meta = model.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
+    spec = model.config.paged_state_spec()
+    meta = spec.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
     meta.use_kernels = use_kernels
     ids = [t for seq, start, n in parts for t in prompts[seq][start : start + n]]
     positions = [p for _, start, n in parts for p in range(start, start + n)]
@@ -62,7 +63,9 @@ def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
     history = [(seq, 0, start) for seq, (start, _) in enumerate(STEP) if start]
     step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
     num = len(STEP) * BLOCKS_EACH
-    before = model.allocate_state(num, num, BLOCK, torch.float32, torch.device("cpu"))
+    before = model.config.paged_state_spec().allocate(
+        num, num, BLOCK, torch.float32, torch.device("cpu")
+    )
     _run(model, before, prompts, history, use_kernels=False)
     results = {}
     for use_kernels in (False, True):

@@ -214,7 +214,7 @@ def test_tiny_model_with_the_kernel_gives_the_torch_paths_logits_and_tokens():
     num_blocks = len(CHUNKS) * blocks_each
     runs = {}
     for use_kernels in (False, True):
-        state = model.allocate_state(
+        state = model.config.paged_state_spec().allocate(
             num_blocks, num_blocks, MODEL_BLOCK, torch.float32, torch.device("cpu")
         )
         _model_step(model, state, False, [history, [], []], [0, 0, 0], blocks_each)
