@@ -45,6 +45,12 @@ class PagedKVSpec:
     def kv_groups(self) -> tuple[str, ...]:
         return tuple(kind for kind in KINDS if kind in self.layer_types)
 
+    @property
+    def can_capture_cuda_graphs(self) -> bool:
+        # A graph records one set of block tables; sliding-window layers with their own window
+        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
+        return "sliding" not in self.kv_groups
+
     def group_block_bytes(self, block_size: int) -> dict[str, int]:
         per_layer = block_size * 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
         return {kind: per_layer * self.layer_types.count(kind) for kind in self.kv_groups}

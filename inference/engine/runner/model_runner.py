@@ -154,13 +154,21 @@ class ModelRunner:
         self.drafts: dict[str, list[int]] = {}  # the last step's MTP drafts (take_drafts)
         self.mtp_context = None  # what the MTP layer reads, from forward to sample
         self.graphs = None
-        # A graph records one set of block tables; sliding-window layers with their own window
-        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
-        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not self.has_sliding:
-            from inference.engine.runner.cuda_graphs import DecodeGraphs
+        if use_kernels and device.type == "cuda" and cuda_graph_max_len:
+            self._capture_graphs(spec, block_size, cuda_graph_max_len, max_num_seqs, device)
 
-            self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
-            self.graphs.capture(self.model, self.kv_caches)
+    def _capture_graphs(self, spec, block_size, max_len, max_num_seqs, device) -> None:
+        if not spec.can_capture_cuda_graphs:
+            logger.info(
+                "CUDA graphs are off for %s: its paged state's kernels cannot be recorded "
+                "(can_capture_cuda_graphs); decode steps run eagerly",
+                type(self.model).__name__,
+            )
+            return
+        from inference.engine.runner.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(block_size, max_len, max_num_seqs, device)
+        self.graphs.capture(self.model, self.kv_caches)
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
