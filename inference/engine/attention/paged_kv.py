@@ -133,11 +133,6 @@ class PagedKVCache:
             dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
             self._copy_slots(cache, self._index(src), self._index(dst))
 
-    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        """Copy KV slots in every layer's K and V at once."""
-        cache = self.cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
-        self._copy_slots(cache, self._index(src_slots), self._index(dst_slots))
-
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
         """A copy of these blocks' K/V in every layer of the group, on the CPU:
         (num_group_layers * 2, len(block_ids) * block_size, n_kv_heads, head_dim)."""

@@ -23,7 +23,7 @@ import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.distributed.communicator import close_distributed, init_distributed
-from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
+from inference.engine.distributed.messages import Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.loading.shard import Shard
 from inference.engine.models import load_model
@@ -73,8 +73,6 @@ def run_worker(
         while not isinstance(message := comm.broadcast_message(), Shutdown):
             if isinstance(message, RunStep):
                 runner.forward(message.batch)
-            elif isinstance(message, CopySlots):
-                runner.copy_slots(message.src_slots, message.dst_slots)
             else:
                 assert isinstance(message, Heartbeat), f"unknown message {message!r}"
     finally:

@@ -156,8 +156,8 @@ class ModelRunner:
         in every layer of its group (full or sliding)."""
         self.state.copy_blocks(copies)
 
-    # The KV tiers' reads and writes, and slot copies, of a state that has them (plain paged
-    # K/V: spec.kv_tiers_unsupported is None).
+    # The KV tiers' reads and writes, of a state that has them (plain paged K/V:
+    # spec.kv_tiers_unsupported is None).
 
     @torch.inference_mode()
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
@@ -172,10 +172,6 @@ class ModelRunner:
     def block_shape(self, group: str) -> tuple[int, ...]:
         """One block's state in a group, as read_blocks gives it for one block."""
         return self.state.block_shape(group)
-
-    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        """Copy slots in every layer at once (the kernel on CUDA)."""
-        self.state.copy_slots(src_slots, dst_slots)
 
     def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or
