@@ -45,6 +45,12 @@ class PagedKVSpec:
     def kv_groups(self) -> tuple[str, ...]:
         return tuple(kind for kind in KINDS if kind in self.layer_types)
 
+    @property
+    def can_capture_cuda_graphs(self) -> bool:
+        # A graph records one set of block tables; sliding-window layers with their own window
+        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
+        return "sliding" not in self.kv_groups
+
     def group_block_bytes(self, block_size: int) -> dict[str, int]:
         per_layer = block_size * 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
         return {kind: per_layer * self.layer_types.count(kind) for kind in self.kv_groups}
@@ -126,11 +132,6 @@ class PagedKVCache:
             src = [c.src_block_id * size + i for c in mine for i in range(c.num_slots)]
             dst = [c.dst_block_id * size + i for c in mine for i in range(c.num_slots)]
             self._copy_slots(cache, self._index(src), self._index(dst))
-
-    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        """Copy KV slots in every layer's K and V at once."""
-        cache = self.cache.flatten(0, 1)  # (num_layers * 2, num_slots, n_kv_heads, head_dim)
-        self._copy_slots(cache, self._index(src_slots), self._index(dst_slots))
 
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
         """A copy of these blocks' K/V in every layer of the group, on the CPU:

@@ -55,6 +55,9 @@ class PagedStateSpec(Protocol):
     kv_groups: tuple[str, ...]  # "full" (hash-chained, the whole prefix) and maybe "sliding"
     sliding_window: int | None  # the window the "sliding" group holds (None: no such group)
     has_attention_kernels: bool  # the triton backend has kernels for this state
+    # Its kernel path's decode steps can be recorded as CUDA graphs (runner/cuda_graphs.py):
+    # fixed grids over one set of block tables. Otherwise decode runs eagerly (a log line says).
+    can_capture_cuda_graphs: bool
     # The window (sliding) group may have a budget of its own (window_cache_fraction,
     # num_window_blocks); otherwise both groups have the same number of blocks.
     has_window_budget: bool

@@ -121,18 +121,14 @@ def build_engine(
         loaded.tokenizer, loaded.config.vocab_size, config.structured_output
     )
     setup = RunnerSetup(
-        num_blocks=num_blocks,
         block_size=cache.block_size,
+        num_blocks=num_blocks,
         num_window_blocks=num_window_blocks,
-        dtype=running.dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        use_kernels=running.attention_backend == "triton",
-        cuda_graph_max_len=max_model_len if running.enable_cuda_graphs else None,
+        max_model_len=max_model_len,
         max_num_seqs=scheduling.max_num_seqs,
-        decode_windows=running.enable_decode_windows,
         draft_with_mtp=config.speculative.speculative_method == "mtp",
     )
-    runner = setup.build(loaded, device, structured)
+    runner = ModelRunner(loaded, running, setup, device, structured)
     if executor is not None:
         executor.attach(runner, setup)
     runner = executor or runner

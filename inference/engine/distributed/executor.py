@@ -1,5 +1,5 @@
 """Rank 0's side of a tensor-parallel engine: it stands where the ModelRunner stands in the
-engine (execute, copy_slots, close) and runs each step on every rank.
+engine (execute, close) and runs each step on every rank.
 
 A step: rank 0 flattens it (ModelRunner.prepare), broadcasts the flat batch (RunStep), runs its
 own shard while the workers run theirs (the layers' all-reduces keep them in step), gets every
@@ -30,7 +30,7 @@ from inference.engine.distributed.communicator import (
     init_distributed,
 )
 from inference.engine.distributed.launcher import WorkerProcesses
-from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
+from inference.engine.distributed.messages import Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.models import LoadedModel
 from inference.engine.request_errors import RequestError
@@ -113,16 +113,6 @@ class TensorParallelExecutor:
     def take_drafts(self) -> dict[str, list[int]]:
         """No MTP drafts here (speculative_method='mtp' is refused with tensor parallelism)."""
         return {}
-
-    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        assert self.runner is not None, "copy_slots before attach"
-        with self._lock:
-            self._check()
-            try:
-                self._send(CopySlots(src_slots, dst_slots))
-            except Exception as exc:
-                raise self._fail(exc, "while copying slots") from exc
-            self.runner.copy_slots(src_slots, dst_slots)
 
     def make_comm_stats(self) -> CommStats:
         """Rank 0's collectives since the last reset (steps, heartbeats)."""

@@ -1,5 +1,5 @@
 """What rank 0 sends the workers (communicator.broadcast_message), in the order they arrive:
-the EngineConfig, then a RunnerSetup, then one of RunStep / CopySlots / Heartbeat / Shutdown at
+the EngineConfig, then a RunnerSetup, then one of RunStep / Heartbeat / Shutdown at
 a time. What comes back is only the logits of the sampled rows (gathered in the lm head)."""
 
 from __future__ import annotations
@@ -12,12 +12,6 @@ from inference.engine.runner.model_runner import StepBatch
 @dataclass(slots=True)
 class RunStep:
     batch: StepBatch  # block copies included: every rank copies its own shard's slots
-
-
-@dataclass(slots=True)
-class CopySlots:
-    src_slots: list[int]
-    dst_slots: list[int]
 
 
 @dataclass(slots=True)

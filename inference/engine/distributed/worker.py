@@ -23,11 +23,11 @@ import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.distributed.communicator import close_distributed, init_distributed
-from inference.engine.distributed.messages import CopySlots, Heartbeat, RunStep, Shutdown
+from inference.engine.distributed.messages import Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.loading.shard import Shard
 from inference.engine.models import load_model
-from inference.engine.runner.model_runner import RunnerSetup
+from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +67,12 @@ def run_worker(
         if isinstance(setup, Shutdown):  # rank 0 failed before building its runner
             return
         assert isinstance(setup, RunnerSetup), f"expected a RunnerSetup, got {setup!r}"
-        runner = setup.build(loaded, device, None)
+        runner = ModelRunner(loaded, config.runner, setup, device, None)
         comm.all_reduce(torch.zeros(1, device=device))  # ready: rank 0 waits for every rank
         logger.info("tensor-parallel rank %d of %d ready", rank, world_size)
         while not isinstance(message := comm.broadcast_message(), Shutdown):
             if isinstance(message, RunStep):
                 runner.forward(message.batch)
-            elif isinstance(message, CopySlots):
-                runner.copy_slots(message.src_slots, message.dst_slots)
             else:
                 assert isinstance(message, Heartbeat), f"unknown message {message!r}"
     finally:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, MetadataBuilder, ScheduledSpan
-from inference.engine.attention.paged_state import PagedState
+from inference.engine.attention.paged_state import PagedState, PagedStateSpec
+from inference.engine.config import RunnerConfig
 from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
@@ -70,64 +71,38 @@ class SamplingPlan:
 
 @dataclass(frozen=True, slots=True)
 class RunnerSetup:
-    """How a ModelRunner is built beyond its model: rank 0 builds its own from this and sends
-    it to a sharded model's other ranks, so every rank has the same blocks."""
+    """What the loaded model, the KV budget and the other sub-configs decide for a ModelRunner
+    beside its RunnerConfig: rank 0 builds its own from this and sends it to a sharded model's
+    other ranks, so every rank has the same blocks."""
 
-    num_blocks: int
     block_size: int
-    num_window_blocks: int | None
-    dtype: str
-    use_kernels: bool
-    cuda_graph_max_len: int | None
+    num_blocks: int
+    num_window_blocks: int  # the sliding group's (num_blocks where it has no budget of its own)
+    max_model_len: int  # the longest sequence a CUDA graph serves
     max_num_seqs: int
-    decode_windows: bool
-    draft_with_mtp: bool = False
-    kv_cache_dtype: str = "float32"
-
-    def build(self, loaded, device: torch.device, structured) -> ModelRunner:
-        return ModelRunner(
-            loaded,
-            self.num_blocks,
-            self.block_size,
-            device,
-            structured,
-            num_window_blocks=self.num_window_blocks,
-            dtype=getattr(torch, self.dtype),
-            kv_cache_dtype=getattr(torch, self.kv_cache_dtype),
-            use_kernels=self.use_kernels,
-            cuda_graph_max_len=self.cuda_graph_max_len,
-            max_num_seqs=self.max_num_seqs,
-            decode_windows=self.decode_windows,
-            draft_with_mtp=self.draft_with_mtp,
-        )
+    draft_with_mtp: bool = False  # run the model's MTP layer after each step (its drafts)
 
 
 class ModelRunner:
     def __init__(
         self,
         loaded: LoadedModel,
-        num_blocks: int,
-        block_size: int,
+        config: RunnerConfig,  # resolved (EngineConfig): no "auto" left
+        setup: RunnerSetup,
         device: torch.device,
         structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
-        *,
-        dtype: torch.dtype = torch.float32,
-        kv_cache_dtype: torch.dtype | None = None,  # the state's (spec.state_dtype); None: `dtype`
-        use_kernels: bool = False,
-        cuda_graph_max_len: int | None = None,  # the longest sequence a graph serves; None: off
-        max_num_seqs: int = 1,
-        decode_windows: bool = True,
-        num_window_blocks: int | None = None,  # the sliding group's, if not num_blocks
-        draft_with_mtp: bool = False,  # run the model's MTP layer after each step (its drafts)
     ) -> None:
+        dtype = getattr(torch, config.dtype)
         self.model = loaded.model.to(dtype)
+        self.config = config
         self.device = device
-        self.block_size = block_size
+        self.block_size = block_size = setup.block_size
         self.structured = structured
         spec = loaded.config.paged_state_spec()
         self.layer_types = spec.layer_types
         self.has_sliding = "sliding" in spec.kv_groups
         self.sliding_window = spec.sliding_window
+        use_kernels = config.attention_backend == "triton"
         if use_kernels and not spec.has_attention_kernels:
             # "auto" picks triton on CUDA: say what runs instead.
             logger.warning(
@@ -141,26 +116,39 @@ class ModelRunner:
 
             check_device(device)  # on CPU: refuses unless the interpreter is on
         self.metadata_builder: MetadataBuilder = spec.metadata_builder(
-            block_size, device, use_kernels=use_kernels, decode_windows=decode_windows
+            block_size,
+            device,
+            use_kernels=use_kernels,
+            decode_windows=config.enable_decode_windows,
         )
-        state_dtype = spec.state_dtype(dtype, kv_cache_dtype or dtype)
+        state_dtype = spec.state_dtype(dtype, getattr(torch, config.kv_cache_dtype))
         self.state: PagedState | None = spec.allocate(
-            num_blocks, num_window_blocks or num_blocks, block_size, state_dtype, device
+            setup.num_blocks, setup.num_window_blocks, block_size, state_dtype, device
         )
         self.kv_caches = self.state.layers  # each layer's view: what the forward reads
-        if draft_with_mtp and not self.model.has_mtp:
+        if setup.draft_with_mtp and not self.model.has_mtp:
             raise ValueError(f"{type(self.model).__name__} has no MTP layer to draft with")
-        self.draft_with_mtp = draft_with_mtp
+        self.draft_with_mtp = setup.draft_with_mtp
         self.drafts: dict[str, list[int]] = {}  # the last step's MTP drafts (take_drafts)
         self.mtp_context = None  # what the MTP layer reads, from forward to sample
         self.graphs = None
-        # A graph records one set of block tables; sliding-window layers with their own window
-        # tables (hybrid models) would need a second set, not recorded yet: those run eagerly.
-        if use_kernels and device.type == "cuda" and cuda_graph_max_len and not self.has_sliding:
-            from inference.engine.runner.cuda_graphs import DecodeGraphs
+        if use_kernels and device.type == "cuda" and config.enable_cuda_graphs:
+            self._capture_graphs(spec, setup, device)
 
-            self.graphs = DecodeGraphs(block_size, cuda_graph_max_len, max_num_seqs, device)
-            self.graphs.capture(self.model, self.kv_caches)
+    def _capture_graphs(self, spec: PagedStateSpec, setup: RunnerSetup, device) -> None:
+        if not spec.can_capture_cuda_graphs:
+            logger.info(
+                "CUDA graphs are off for %s: its paged state's kernels cannot be recorded "
+                "(can_capture_cuda_graphs); decode steps run eagerly",
+                type(self.model).__name__,
+            )
+            return
+        from inference.engine.runner.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(
+            setup.block_size, setup.max_model_len, setup.max_num_seqs, device
+        )
+        self.graphs.capture(self.model, self.kv_caches)
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
@@ -168,8 +156,8 @@ class ModelRunner:
         in every layer of its group (full or sliding)."""
         self.state.copy_blocks(copies)
 
-    # The KV tiers' reads and writes, and slot copies, of a state that has them (plain paged
-    # K/V: spec.kv_tiers_unsupported is None).
+    # The KV tiers' reads and writes, of a state that has them (plain paged K/V:
+    # spec.kv_tiers_unsupported is None).
 
     @torch.inference_mode()
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
@@ -184,10 +172,6 @@ class ModelRunner:
     def block_shape(self, group: str) -> tuple[int, ...]:
         """One block's state in a group, as read_blocks gives it for one block."""
         return self.state.block_shape(group)
-
-    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
-        """Copy slots in every layer at once (the kernel on CUDA)."""
-        self.state.copy_slots(src_slots, dst_slots)
 
     def execute(self, output: SchedulerOutput) -> dict[str, Sampled]:
         """Run one step; returns the sampled token of every request whose prompt is done (or

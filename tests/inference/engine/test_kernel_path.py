@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from inference.engine import EngineConfig, LLMEngine
 
@@ -57,18 +56,3 @@ def test_kernels_on_cpu_without_the_interpreter_are_refused_at_engine_start():
     config = EngineConfig(model="smollm2-tiny-random", num_kv_blocks=16, attention_backend="triton")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         LLMEngine(config)
-
-
-def test_runner_copies_slots_in_every_layers_k_and_v(make_tiny_engine):
-    engine = make_tiny_engine(num_kv_blocks=16)
-    cache = engine.runner.state.cache  # (num_layers, 2, num_slots, n_kv_heads, head_dim)
-    cache.copy_(torch.randn(cache.shape))
-    before = cache.clone()
-    src, dst = [0, 1, 2, 40], [16, 17, 18, 70]  # the first 3 slots of block 0 into block 1, ...
-    engine.runner.copy_slots(src, dst)
-    assert torch.equal(cache[:, :, dst], before[:, :, src])
-    untouched = [s for s in range(cache.shape[2]) if s not in dst]
-    assert torch.equal(cache[:, :, untouched], before[:, :, untouched])
-    # Every layer's K and V are views of the stacked cache: the copy reached all of them.
-    k_layer_1 = engine.runner.kv_caches[1][0]
-    assert torch.equal(k_layer_1[dst], before[1, 0, src])

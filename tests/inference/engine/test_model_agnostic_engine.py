@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 import inference.engine
-from inference.engine import SamplingParams
+from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.attention.paged_kv import PagedKVSpec
+from inference.engine.attention.torch_metadata import TorchMetadataBuilder
 from inference.engine.memory_plan import model_spec
 from inference.engine.models import ARCHITECTURES
+from inference.engine.models.llama import LlamaConfig
 
 ENGINE = Path(inference.engine.__file__).parent
 FILES = [
@@ -92,13 +95,32 @@ def test_every_architecture_says_what_its_paged_state_is(block_size):
             assert sum(k.bytes_per_token for k in kinds) * block_size == size, (arch, group)
 
 
-def test_a_state_without_kernels_runs_the_torch_path_when_triton_is_asked(make_v4_engine, caplog):
-    """attention_backend="triton" ("auto" on CUDA) on a state with no kernels yet: the runner
-    says so and plans the torch path, whatever the model (no device check: this is the CPU)."""
-    engine = make_v4_engine(attention_backend="triton")
-    assert not engine.runner.metadata_builder.use_kernels
-    assert "has no kernel for DeepseekV4ForCausalLM's attention yet" in caplog.text
-    (out,) = engine.generate(
-        [[5, 6, 7, 8]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+class _SpecWithoutKernels(PagedKVSpec):
+    """Plain paged K/V as a state the triton backend has no kernels for."""
+
+    has_attention_kernels = False
+
+
+def test_a_state_without_kernels_runs_the_torch_path_when_triton_is_asked(monkeypatch, caplog):
+    """attention_backend="triton" ("auto" on CUDA) on a state with no kernels: the runner says
+    so and plans the torch path, whatever the model (no device check: this process has no
+    interpreter, so the kernel path would be refused)."""
+    monkeypatch.setattr(
+        LlamaConfig,
+        "paged_state_spec",
+        lambda config: _SpecWithoutKernels(
+            config.layer_types, config.num_kv_heads, config.head_dim, config.sliding_window
+        ),
     )
+    engine = LLMEngine(
+        EngineConfig(model="smollm2-tiny-random", num_kv_blocks=16, attention_backend="triton")
+    )
+    try:
+        assert isinstance(engine.runner.metadata_builder, TorchMetadataBuilder)
+        assert "has no kernel for LlamaForCausalLM's attention yet" in caplog.text
+        (out,) = engine.generate(
+            [[5, 6, 7, 8]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        )
+    finally:
+        engine.shutdown()
     assert len(out.token_ids) == 2

@@ -27,7 +27,10 @@ class DeepseekV4StateSpec:
     # layer its compressed entries for the whole prefix ("full", which also chains the prefix
     # cache: it exists even with no compressor).
     kv_groups = ("full", "sliding")
-    has_attention_kernels = False  # the torch path only, for now
+    # kernels/v4_*.py: sparse attention, the indexer's scores, the compressors' pooling.
+    has_attention_kernels = True
+    # Their grids follow each step's tables (rows per query, entries closing): not recorded.
+    can_capture_cuda_graphs = False
     has_window_budget = True
     kv_tiers_unsupported = (
         "keeps its own compressed state (DeepSeek-V4), which the KV tiers do not store yet; "
