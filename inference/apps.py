@@ -11,6 +11,6 @@ class InferenceConfig(AppConfig):
 
     def ready(self) -> None:
         from inference import checks  # noqa: F401  (registers the system checks)
-        from inference.worker import worker_signals_connect
+        from inference.fleet.worker import worker_signals_connect
 
         worker_signals_connect()

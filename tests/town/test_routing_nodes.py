@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 import pytest
 import redis
 
-from inference.completion import CompletionRequest
-from inference.node_health import node_states
-from inference.task_queue import task_send
+from inference.completions.types import CompletionRequest
+from inference.fleet.health import node_states
+from inference.fleet.task_queue import task_send
 from inference.tasks import chat_completion
 from tests.town.worker_ticks import tick as run_tick
 from tests.town.worker_ticks import tick_in_background, wait_for
