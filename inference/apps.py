@@ -1,4 +1,5 @@
-"""The inference app: the engine runtime, node registry and completion service."""
+"""The inference app: completions (inference/completions/) and the node fleet
+(inference/fleet/); ready() registers the system checks and connects a node worker's signals."""
 
 from django.apps import AppConfig
 

@@ -1,6 +1,6 @@
 """The typed seam between the town (and /v1) and inference: a CompletionRequest goes in, a
 Completion with its CompletionMetrics comes out, whichever backend answered (this process's
-engine, inference/services.py, or an external OpenAI-compatible server,
+engine, inference/completions/services.py, or an external OpenAI-compatible server,
 inference/completions/remote.py).
 
 Django-free and engine-free: plain dataclasses. Where a completion has to cross a process as JSON

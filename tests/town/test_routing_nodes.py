@@ -1,7 +1,7 @@
 """Two real node workers on this machine (tiny random model, one torch thread each): routing keeps
 a resident on its node, spills away from a node with a long queue, and a node killed mid-tick
 loses no decision (its decisions go to the other node, once each) and rejoins when it is back.
-The policies on crafted heartbeats: tests/inference/test_routing.py."""
+The policies on crafted heartbeats: tests/inference/fleet/test_router.py."""
 
 from __future__ import annotations
 

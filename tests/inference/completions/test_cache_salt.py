@@ -10,8 +10,7 @@ import uuid
 from rest_framework.authtoken.models import Token
 
 from inference.completions.cache_salt import run_cache_salt, v1_cache_salt
-
-from .test_openai_api import LONG_QUESTION, MODEL
+from tests.inference.test_openai_api import LONG_QUESTION, MODEL
 
 
 def test_identities_get_different_salts_and_a_client_salt_only_narrows():
