@@ -166,7 +166,7 @@ def test_run_town_exits_non_zero_when_a_ticks_decisions_all_failed(settings):
     from django.core.management.base import CommandError
 
     from inference.completions.remote_dialects import dialect_memory
-    from tests.inference.test_remote_dialects import StubServer
+    from tests.inference.completions.test_remote_dialects import StubServer
 
     town = small_town_factory()
     stub = StubServer("none of them", refusal_status=500)
