@@ -1,5 +1,5 @@
 """The admin's node page: every configured node, up or down, its load, KV usage and the prefixes
-it reports (inference/node_health.py). An interface only: it reads the states and shows them."""
+it reports (inference/fleet/health.py). An interface only: it reads the states and shows them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from inference.node_health import node_states
-from inference.nodes import node_names
+from inference.fleet.health import node_states
+from inference.fleet.nodes import node_names
 
 
 def nodes_view(request: HttpRequest) -> HttpResponse:

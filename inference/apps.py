@@ -1,4 +1,5 @@
-"""The inference app: the engine runtime, node registry and completion service."""
+"""The inference app: completions (inference/completions/) and the node fleet
+(inference/fleet/); ready() registers the system checks and connects a node worker's signals."""
 
 from django.apps import AppConfig
 
@@ -11,6 +12,6 @@ class InferenceConfig(AppConfig):
 
     def ready(self) -> None:
         from inference import checks  # noqa: F401  (registers the system checks)
-        from inference.worker import worker_signals_connect
+        from inference.fleet.worker import worker_signals_connect
 
         worker_signals_connect()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, register
 
-from inference.nodes import node_names_problems
+from inference.fleet.nodes import node_names_problems
 
 
 @register()
@@ -26,7 +26,7 @@ def inference_settings_check(app_configs: object, **kwargs: object) -> list[Erro
 
 def routing_settings_problems() -> list[str]:
     """What is wrong with the routing and heartbeat settings; empty when they are usable."""
-    from inference.node_routing import POLICIES, BalanceThresholds
+    from inference.fleet.router import POLICIES, BalanceThresholds
 
     problems = []
     if settings.INFERENCE_ROUTING_POLICY not in POLICIES:

@@ -5,12 +5,12 @@ At most once: the message is acknowledged when a worker takes it (acks_late off)
 completion redelivered after a worker died would come back long after its HTTP client gave up.
 Bad input is an answer, not a failure: it comes back as {"error": ...} for the web to send as 400.
 With a stream key, the text also goes to that Redis stream as it is decoded
-(inference/completion_streams.py), ending with the same result or the error.
+(inference/completions/streams.py), ending with the same result or the error.
 
 A schema compile never holds a worker thread (the node has few; a slow legal schema takes tens
 of seconds): a completion whose schema this node has not compiled starts the compile
-(inference/schema_compiles.py), ends this run without a result, and is sent again under the
-same task id, which the web keeps waiting on, once the compile is done. The tick's warm-up
+(inference/completions/schema_compiles.py), ends this run without a result, and is sent again under
+the same task id, which the web keeps waiting on, once the compile is done. The tick's warm-up
 (`schemas_warm`) stores its answer from the compiles' callback the same way.
 
 Deadline: the web gives up after settings.OPENAI_API_TIMEOUT_S, so the completion is aborted in
@@ -33,17 +33,17 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from django.conf import settings
 
-from inference.completion_streams import CancelWatch, StreamCancelled, StreamPublisher
+from inference.completions.schema_compiles import schema_compile_pending
+from inference.completions.streams import CancelWatch, StreamCancelled, StreamPublisher
 from inference.errors import CompileLimitError, CompletionInputError, CompletionTimeoutError
-from inference.node_health import node_states
-from inference.nodes import node_queue
-from inference.schema_compiles import schema_compile_pending
+from inference.fleet.health import node_states
+from inference.fleet.nodes import node_queue
+from inference.fleet.task_queue import task_send
 from inference.services import (
     CompletionRequest,
     completion_generate,
     completion_schemas_warm_start,
 )
-from inference.task_queue import task_send
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ def chat_completion(
     of time, 499 when its client left, 429 with "retry_after_s" past the caller's share of
     schema compiles); with `stream_key`, streams it there as well. A plain completion with
     `cancel_key` is aborted once its client left (CancelWatch). `identity`: the /v1 caller whose
-    share of this node's schema compiles it uses (inference/schema_compiles.py). `deadline`
-    (epoch seconds): when the completion's time ends, counted from the task's first start (the
-    task sends itself again with it while its schema compiles)."""
+    share of this node's schema compiles it uses (inference/completions/schema_compiles.py).
+    `deadline` (epoch seconds): when the completion's time ends, counted from the task's first start
+    (the task sends itself again with it while its schema compiles)."""
     timeout_s = settings.OPENAI_API_TIMEOUT_S
     if deadline is None:  # the first run
         deadline = time.time() + timeout_s

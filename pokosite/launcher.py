@@ -272,8 +272,8 @@ def launch(env: dict[str, str], output: Output, stop: threading.Event) -> int:
     from django.conf import settings
     from django.core.management import get_commands
 
-    from inference.nodes import node_names
-    from inference.runtime import engine_config_from_settings
+    from inference.completions.runtime import engine_config_from_settings
+    from inference.fleet.nodes import node_names
     from pokosite.local_login import local_superuser_create, login_lines
     from pokosite.redis_embedded import EmbeddedRedis
 

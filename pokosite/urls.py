@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from inference.admin_views import nodes_view
-from inference.metrics import metrics_view
+from inference.completions.metrics import metrics_view
 from pokosite import api_docs
 from pokosite.views import favicon, healthz
 

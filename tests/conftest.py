@@ -9,7 +9,7 @@ redis_url -> str
 celery_worker_process -> start(queue=None, *, env=None, concurrency=4, ready_timeout_s=180.0)
     Starts a real `celery -A pokosite worker -Q <queue> --pool threads` subprocess and returns a
     WorkerProcess once the worker logged "ready." (its engine is loaded by then, see
-    inference/worker.py). Every worker started is killed at teardown.
+    inference/fleet/worker.py). Every worker started is killed at teardown.
       queue    the queue (= node name) it consumes; default a fresh `test-<hex>` name, so test
                runs side by side never take each other's tasks. The fixture adds it to
                settings.INFERENCE_NODES of the test process, so `node_require(queue)` passes.

@@ -5,8 +5,9 @@ pyproject.toml, checked here, and a plain walk over their files for what the con
 see (an import inside a function is seen by both; an import of a sibling package added later is
 caught by the walk).
 
-The town asks inference through its door (inference/services.py): it never imports the fleet's
-routing internals (the router, the prompt prefix keys) nor the engine, and it never rewrites
+The town asks inference through its door (inference/services.py): it never imports the services
+behind it (inference/completions/services.py, inference/fleet/services.py), the fleet's routing
+internals (the router, the prompt prefix keys) nor the engine, and it never rewrites
 Django settings at run time (an engine for a block of work goes through inference too)."""
 
 from __future__ import annotations
@@ -148,13 +149,16 @@ def test_the_core_walk_sees_relative_and_absolute_imports(tmp_path):
     assert set(found) == {"a.py", "b.py", "c.py", "d.py", "request.py"}
 
 
-# What the town must not import: routing's internals, the engine and the engine's slot in this
-# process (inference/services.py is its door); each name also forbids the modules under it.
+# What the town must not import: the services behind its door (inference/services.py), routing's
+# internals, the engine and the engine's slot in this process; each name also forbids the modules
+# under it.
 TOWN_FORBIDDEN = (
-    "inference.node_routing",
-    "inference.prefixes",
+    "inference.fleet.router",
+    "inference.fleet.prefixes",
+    "inference.fleet.services",
+    "inference.completions.services",
+    "inference.completions.runtime",
     "inference.engine",
-    "inference.runtime",
 )
 
 
@@ -181,13 +185,14 @@ def test_the_town_never_imports_routing_internals_or_the_engine():
 def test_the_town_import_walk_sees_every_spelling(tmp_path):
     town_dir = tmp_path / "town"
     (town_dir / "services").mkdir(parents=True)
-    (town_dir / "a.py").write_text("from inference.node_routing import Router\n")
-    (town_dir / "b.py").write_text("from inference import prefixes\n")
-    (town_dir / "c.py").write_text("def f():\n    import inference.node_routing\n")
+    (town_dir / "a.py").write_text("from inference.fleet.router import Router\n")
+    (town_dir / "b.py").write_text("from inference.fleet import prefixes\n")
+    (town_dir / "c.py").write_text("def f():\n    import inference.fleet.router\n")
     (town_dir / "services" / "d.py").write_text("from inference.engine.config import X\n")
     (town_dir / "e.py").write_text("from inference.services import completion_route\n")
+    (town_dir / "f.py").write_text("from inference.completions.services import completion_model\n")
     found = town_importers(town_dir, TOWN_FORBIDDEN)
-    assert set(found) == {"town/a.py", "town/b.py", "town/c.py", "town/services/d.py"}
+    assert set(found) == {"town/a.py", "town/b.py", "town/c.py", "town/services/d.py", "town/f.py"}
 
 
 def _is_settings(node: ast.expr) -> bool:
@@ -227,7 +232,7 @@ SETTINGS_WRITERS_ALLOWED = {"town/bench/routing.py"}
 
 
 def test_the_town_and_inference_never_assign_django_settings_at_run_time():
-    """An engine for a block of work is inference's to configure (inference/runtime.py:
+    """An engine for a block of work is inference's to configure (inference/completions/runtime.py:
     engine_configured), beside the engine, never by rewriting INFERENCE_ENGINE."""
     package_dirs = [Path(town.__file__).parent, Path(inference.__file__).parent]
     found = {

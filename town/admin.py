@@ -22,7 +22,7 @@ from django.utils.text import Truncator
 from django.utils.timezone import localtime
 from django.views.decorators.http import require_POST
 
-from inference.node_health import node_states
+from inference.fleet.health import node_states
 from town import services
 from town.admin_format import percent_html, rounded_field
 from town.errors import RunStateError, TownError
@@ -440,7 +440,7 @@ class DecisionAdmin(admin.ModelAdmin):
 
     @admin.display(description="prompt")
     def prompt(self, decision: Decision) -> str:
-        from inference.tokens import chat_token_counts
+        from inference.completions.tokens import chat_token_counts
 
         num_head = num_shared_messages(decision.messages)
         head, tail = decision.messages[:num_head], decision.messages[num_head:]

@@ -99,7 +99,7 @@ class RunLayout(models.TextChoices):
 
 
 class RunRouting(models.TextChoices):
-    """Which node a decision goes to (inference/node_routing.py: POLICIES)."""
+    """Which node a decision goes to (inference/fleet/router.py: POLICIES)."""
 
     CACHE_AWARE = "cache_aware"
     ROUND_ROBIN = "round_robin"
@@ -166,7 +166,7 @@ class Run(models.Model):
             "invalid_choice": "unknown routing %(value)r; use one of "
             + ", ".join(RunRouting.values)
         },
-        help_text="How decisions are spread over the nodes (inference/node_routing.py).",
+        help_text="How decisions are spread over the nodes (inference/fleet/router.py).",
     )
     concurrency = models.PositiveIntegerField(
         default=4,

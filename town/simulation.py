@@ -26,9 +26,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from inference.node_health import NodeState, node_states
+from inference.fleet.health import NodeState, node_states
+from inference.fleet.task_queue import TaskQueueUnavailable
 from inference.services import completion_schemas_warm
-from inference.task_queue import TaskQueueUnavailable
 from town import services
 from town.models import Decision, Run, Tick
 from town.selectors import runs_due, tick_decisions

@@ -19,8 +19,8 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from inference.nodes import node_queue
-from inference.task_queue import task_send
+from inference.fleet.nodes import node_queue
+from inference.fleet.task_queue import task_send
 from inference.tasks import schemas_warm_on_nodes
 from town.services import decision_compute as decision_compute_service
 from town.services import decision_fail

@@ -8,8 +8,8 @@ enable_prefix_caching=False) sets `config.cache.enable_prefix_caching`, and
 `config.enable_prefix_caching` reads it back (the experiment, the benches and Django's
 INFERENCE_ENGINE pass flat names). Readers inside the engine use the sub-configs.
 
-Django settings become an EngineConfig in one place (inference/runtime.py); nothing in the
-engine reads the environment or settings.
+Django settings become an EngineConfig in one place (inference/completions/runtime.py);
+nothing in the engine reads the environment or settings.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def _key(identity: str | None) -> str:
 async def in_flight_acquire(identity: str | None) -> InFlightSlot | None:
     """Take a slot for one completion of `identity`; InFlightLimitError (429) when it has
     OPENAI_MAX_IN_FLIGHT_PER_IDENTITY in flight already. None when the limit is off (0). With
-    Redis down nothing is counted: the send that follows answers 503 (inference/task_queue.py)."""
+    Redis down nothing is counted: the send that follows answers 503
+    (inference/fleet/task_queue.py)."""
     limit = settings.OPENAI_MAX_IN_FLIGHT_PER_IDENTITY
     if limit <= 0:
         return None

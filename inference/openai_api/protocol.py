@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from inference.completion import Completion, CompletionRequest
+from inference.completions.types import Completion, CompletionRequest
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "audio")

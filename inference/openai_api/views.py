@@ -3,17 +3,18 @@ a node through Celery (`inference.chat_completion`, inference/tasks.py).
 
 The views are async so that waiting for a node never holds a server thread. A plain request
 polls the task's result from the result backend. A streamed one reads the Redis stream the
-worker writes as it decodes (inference/completion_streams.py): the role chunk at once, SSE
+worker writes as it decodes (inference/completions/streams.py): the role chunk at once, SSE
 keep-alive comments while the request waits or prefills, a chunk per piece of text as it is
 decoded, then the finish reason and the usage (with our `metrics` beside it). If the node never
 starts or its worker dies mid-way, the stream ends with an error event in OpenAI's shape.
 
 A client that leaves is told to the worker, which aborts the completion (its KV blocks freed):
 for a stream when the server closes its generator, for a plain request when Django cancels the
-view on the client's disconnect (both set the completion's cancel key, completion_streams.py).
-Each caller has a bounded number of completions in flight (in_flight.py): one more is a 429;
-and a bounded share of each node's schema compiles (inference/schema_compiles.py): a request past
-it is a 429 from the node, with its Retry-After.
+view on the client's disconnect (both set the completion's cancel key,
+inference/completions/streams.py). Each caller has a bounded number of completions in flight
+(in_flight.py): one more is a 429; and a bounded share of each node's schema compiles
+(inference/completions/schema_compiles.py): a request past it is a 429 from the node, with its
+Retry-After.
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.cache_salt import request_identity, v1_cache_salt
-from inference.completion import Completion
-from inference.completion_streams import (
+from inference.completions.cache_salt import request_identity, v1_cache_salt
+from inference.completions.streams import (
     StreamTimeout,
     completion_stream_key,
     stream_cancel,
     stream_events,
 )
+from inference.completions.types import Completion
 from inference.errors import UnknownNodeError
-from inference.nodes import node_default, node_queue
+from inference.fleet.nodes import node_default, node_queue
+from inference.fleet.task_queue import TaskQueueUnavailable, task_send
 from inference.openai_api.guards import api_key_required, same_site_json
 from inference.openai_api.in_flight import (
     ANONYMOUS,
@@ -60,7 +62,6 @@ from inference.openai_api.protocol import (
     usage,
 )
 from inference.services import completion_model
-from inference.task_queue import TaskQueueUnavailable, task_send
 
 POLL_S = 0.05
 KEEPALIVE_S = 5.0
@@ -92,7 +93,8 @@ def _send(
     except UnknownNodeError as exc:
         raise OpenAIError(str(exc), param="node") from exc
     timeout_s = settings.OPENAI_API_TIMEOUT_S
-    # The node counts its schema compiles against this caller's share (schema_compiles.py).
+    # The node counts its schema compiles against this caller's share
+    # (inference/completions/schema_compiles.py).
     kwargs = {"identity": identity or ANONYMOUS}
     if cancel_key is not None:
         kwargs["cancel_key"] = cancel_key

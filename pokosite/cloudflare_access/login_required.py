@@ -65,7 +65,7 @@ class LoginRequiredMiddleware:
             return self.get_response(request)  # the Access middleware decided who this is
         if "Authorization" in request.headers and not request.user.is_authenticated:
             # A machine client's DRF token (the OpenAI clients' api_key): its own identity for
-            # the API and for /v1's cache salt (inference/cache_salt.py).
+            # the API and for /v1's cache salt (inference/completions/cache_salt.py).
             user = header_token_user(request)
             if user is not None:
                 request.user = request._cached_user = user

@@ -155,7 +155,7 @@ CHANNEL_LAYERS = channel_layers(REDIS_URL)
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# A send to a Redis that is down fails within ~2 s, not ~20 (inference/task_queue.py): the web
+# A send to a Redis that is down fails within ~2 s, not ~20 (inference/fleet/task_queue.py): the web
 # answers 503 and the tick loop sends the decision again on its next pass.
 REDIS_CONNECT_TIMEOUT_S = 2.0
 CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT_S
@@ -197,11 +197,12 @@ TOWN_DECISION_RESEND_S = env_float("POKOMACHI_DECISION_RESEND_S", 60.0)
 # the decisions (town/simulation.py); past it, decisions compile what is still missing.
 TOWN_SCHEMA_WARM_S = env_float("POKOMACHI_SCHEMA_WARM_S", 60.0)
 
-# Inference nodes: one Celery queue per node, named after it (see inference/nodes.py).
+# Inference nodes: one Celery queue per node, named after it (see inference/fleet/nodes.py).
 INFERENCE_NODES = env_list("POKOMACHI_NODES", ["local"])
 # Tasks sent without a route go to the first node, never to a queue no worker consumes.
 CELERY_TASK_DEFAULT_QUEUE = INFERENCE_NODES[0] if INFERENCE_NODES else "celery"
-# EngineConfig keyword arguments for this process's engine (inference/runtime.py builds it).
+# EngineConfig keyword arguments for this process's engine (built by
+# inference/completions/runtime.py).
 INFERENCE_ENGINE = {
     "model": env_str("POKOMACHI_MODEL", "smollm2-135m-instruct"),
     "device": env_str("POKOMACHI_DEVICE", "cpu"),
@@ -260,7 +261,8 @@ INFERENCE_ENGINE.update(
 # node sharing the directory needs the same one. POKOMACHI_KV_KEY, else one derived from a real
 # POKOMACHI_SECRET_KEY (at least 32 characters, not a placeholder; every node shares it already:
 # it derives the cache salts), else None: each engine then trusts only the files it wrote itself.
-# Kept out of INFERENCE_ENGINE, which errors and logs show; inference/runtime.py passes it on.
+# Kept out of INFERENCE_ENGINE, which errors and logs show; inference/completions/runtime.py passes
+# it on.
 INFERENCE_KV_DISK_KEY = env_str("POKOMACHI_KV_KEY", "") or None
 _is_real_secret = (
     len(SECRET_KEY) >= 32 and "insecure" not in SECRET_KEY and "replace-with" not in SECRET_KEY
@@ -280,10 +282,11 @@ OPENAI_API_TIMEOUT_S = env_float("POKOMACHI_OPENAI_TIMEOUT", 600.0)
 OPENAI_MAX_IN_FLIGHT_PER_IDENTITY = env_int(
     "POKOMACHI_OPENAI_MAX_IN_FLIGHT", 16, low=0, high=100_000
 )
-# Each /v1 caller's share of a node's JSON-schema compiles (inference/schema_compiles.py): at
-# most this many of its schemas compiling at once, and this many seconds of compile in any
-# GRAMMAR_COMPILE_WINDOW_S; past either, a request with a schema the node has not compiled is a
-# 429 with Retry-After. Compiled schemas cost nothing. 0: that limit is off.
+# Each /v1 caller's share of a node's JSON-schema compiles
+# (inference/completions/schema_compiles.py): at most this many of its schemas compiling at once,
+# and this many seconds of compile in any GRAMMAR_COMPILE_WINDOW_S; past either, a request with a
+# schema the node has not compiled is a 429 with Retry-After. Compiled schemas cost nothing. 0: that
+# limit is off.
 OPENAI_MAX_COMPILES_PER_IDENTITY = env_int("POKOMACHI_OPENAI_MAX_COMPILES", 4, low=0, high=10_000)
 GRAMMAR_COMPILE_CPU_S_PER_IDENTITY = env_int(
     "POKOMACHI_GRAMMAR_COMPILE_CPU_S", 120, low=0, high=86_400
@@ -295,7 +298,7 @@ OPENAI_STREAM_IDLE_TIMEOUT_S = env_float("POKOMACHI_STREAM_IDLE_TIMEOUT", 30.0)
 INFERENCE_STREAM_PREFIX = env_str("POKOMACHI_STREAM_PREFIX", "pokomachi:stream")
 # Each worker publishes its engine's live stats (running, waiting, KV usage) this often.
 INFERENCE_STATS_INTERVAL_S = env_float("POKOMACHI_STATS_INTERVAL", 2.0)
-# Node health (inference/node_health.py): each node worker sends a heartbeat this often (and
+# Node health (inference/fleet/health.py): each node worker sends a heartbeat this often (and
 # soon after each prompt it served); a node none of whose workers was heard for
 # INFERENCE_NODE_DOWN_S is down, and its decisions go to a live node. Heartbeats are kept
 # INFERENCE_HEARTBEAT_KEEP_S (the admin shows a down node's last one), in Redis ("redis") or,
@@ -306,7 +309,7 @@ INFERENCE_HEARTBEAT_KEEP_S = 3600.0
 INFERENCE_HEARTBEAT_STORE = env_str("POKOMACHI_HEARTBEAT_STORE", "redis")
 # How many prompt prefixes (cache breakpoints) a heartbeat lists: the most recently served.
 INFERENCE_HEARTBEAT_PREFIXES = env_int("POKOMACHI_HEARTBEAT_PREFIXES", 256, low=0, high=100_000)
-# Routing (inference/node_routing.py): the policy a run gets unless it names its own (cache_aware,
+# Routing (inference/fleet/router.py): the policy a run gets unless it names its own (cache_aware,
 # round_robin or fixed), and when cache affinity yields to load: the live nodes' loads are
 # imbalanced when max - min > ABS and max > REL x min (SGLang's router's two thresholds).
 INFERENCE_ROUTING_POLICY = env_str("POKOMACHI_ROUTING", "cache_aware")
@@ -324,7 +327,8 @@ INFERENCE_PRIORITY_TICK = env_int("POKOMACHI_PRIORITY_TICK", 1, low=-(2**31) + 1
 # as `Authorization: Bearer <key>` gets a 401; unset, /v1 reads no key (docs/api.md).
 OPENAI_API_KEYS = env_list("POKOMACHI_API_KEYS", [])
 # An external OpenAI-compatible server (vLLM, SGLang, ...) that answers every completion instead
-# of our engine when base_url is set; the workers then load no model (inference/remote.py).
+# of our engine when base_url is set; the workers then load no model
+# (inference/completions/remote.py).
 INFERENCE_OPENAI = {
     "base_url": env_str("POKOMACHI_OPENAI_BASE_URL", ""),
     "model": env_str("POKOMACHI_OPENAI_MODEL", ""),
@@ -371,8 +375,8 @@ LAUNCHER_CREATES_SUPERUSER = True
 # Checked in pokosite/cloudflare_access/config.py; one without the other refuses to start.
 # Watching runs needs a logged-in user (town/access.py); production without Access turns it on.
 TOWN_VIEW_LOGIN_REQUIRED = env_bool("POKOMACHI_TOWN_VIEW_LOGIN_REQUIRED", False)
-# /v1 callers share cached prompts only with themselves (inference/cache_salt.py); true lets
-# every caller share one namespace (never the town's).
+# /v1 callers share cached prompts only with themselves (inference/completions/cache_salt.py); true
+# lets every caller share one namespace (never the town's).
 V1_SHARED_CACHE = env_bool("POKOMACHI_V1_SHARED_CACHE", False)
 # Access service tokens (client ids) that may control runs through the API (town/access.py);
 # any other service token only reads.

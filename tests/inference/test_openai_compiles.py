@@ -18,9 +18,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 import requests
 
+from inference.completions.schema_compiles import (
+    CompileShares,
+    compile_shares,
+    schema_compile_pending,
+)
 from inference.errors import CompileLimitError
-from inference.schema_compiles import CompileShares, compile_shares, schema_compile_pending
-from inference.task_queue import task_send
+from inference.fleet.task_queue import task_send
 from inference.tasks import chat_completion, schemas_warm, schemas_warm_on_nodes
 from tests.inference.conftest import daphne_start
 

@@ -19,7 +19,7 @@ import redis
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
-from inference.completion_streams import completion_stream_key
+from inference.completions.streams import completion_stream_key
 from pokosite.redis_embedded import EmbeddedRedis
 
 MODEL = "smollm2-tiny-random"

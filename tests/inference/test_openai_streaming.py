@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from inference.completion_streams import completion_stream_key
+from inference.completions.streams import completion_stream_key
 from tests.inference.conftest import STREAM_IDLE_TIMEOUT_S
 
 MODEL = "smollm2-tiny-random"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from inference.runtime import engine_get
+from inference.completions.runtime import engine_get
 from inference.tasks import chat_completion
 from town.tasks import decision_compute
 
@@ -49,7 +49,7 @@ def test_a_too_deep_schema_is_an_error_result_naming_the_limit():
 def test_a_stream_whose_client_left_is_aborted_on_the_node(redis_url):
     import uuid
 
-    from inference.completion_streams import (
+    from inference.completions.streams import (
         HEARTBEAT_S,
         StreamCancelled,
         StreamPublisher,

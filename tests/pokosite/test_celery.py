@@ -3,7 +3,7 @@ queue, its engine warmed before it is ready, answering control pings, killed lik
 
 from __future__ import annotations
 
-from inference.nodes import node_require
+from inference.fleet.nodes import node_require
 from pokosite.celery import app
 
 

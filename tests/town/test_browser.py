@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.runtime import engine_configured
+from inference.completions.runtime import engine_configured
 from tests.town.browser_fixtures import (
     DOCS,
     TickInBackground,

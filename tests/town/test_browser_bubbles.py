@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.runtime import engine_configured
+from inference.completions.runtime import engine_configured
 from tests.town.browser_fixtures import (
     TickInBackground,
     goto_replay,

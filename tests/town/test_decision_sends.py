@@ -11,7 +11,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from inference.node_health import NodeHeartbeat, heartbeat_store
+from inference.fleet.health import NodeHeartbeat, heartbeat_store
 from tests.town.factories import run_factory, small_town_factory
 from town import events, services
 from town.models import Decision, RunEvent

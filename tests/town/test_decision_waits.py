@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference.node_health import NodeHeartbeat, NodeState, heartbeat_store
+from inference.fleet.health import NodeHeartbeat, NodeState, heartbeat_store
 from tests.town.factories import run_factory, small_town_factory
 from town import services
 from town.models import Decision

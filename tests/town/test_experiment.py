@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.tokens import chat_token_counts
+from inference.completions.tokens import chat_token_counts
 from tests.town.factories import run_factory
 from town.demo import demo_town_create
 from town.models import Decision, Run

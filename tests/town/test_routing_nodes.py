@@ -1,7 +1,7 @@
 """Two real node workers on this machine (tiny random model, one torch thread each): routing keeps
 a resident on its node, spills away from a node with a long queue, and a node killed mid-tick
 loses no decision (its decisions go to the other node, once each) and rejoins when it is back.
-The policies on crafted heartbeats: tests/inference/test_routing.py."""
+The policies on crafted heartbeats: tests/inference/fleet/test_router.py."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 import pytest
 import redis
 
-from inference.completion import CompletionRequest
-from inference.node_health import node_states
-from inference.task_queue import task_send
+from inference.completions.types import CompletionRequest
+from inference.fleet.health import node_states
+from inference.fleet.task_queue import task_send
 from inference.tasks import chat_completion
 from tests.town.worker_ticks import tick as run_tick
 from tests.town.worker_ticks import tick_in_background, wait_for

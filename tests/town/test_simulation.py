@@ -8,7 +8,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from inference.runtime import engine_configured
+from inference.completions.runtime import engine_configured
 from tests.town.factories import run_factory, small_town_factory
 from town import services
 from town.demo import demo_town_create
@@ -165,8 +165,8 @@ def test_run_town_exits_non_zero_when_a_ticks_decisions_all_failed(settings):
     client learned its dialect): the command fails with the first error on one line."""
     from django.core.management.base import CommandError
 
-    from inference.remote_dialects import dialect_memory
-    from tests.inference.test_remote_dialects import StubServer
+    from inference.completions.remote_dialects import dialect_memory
+    from tests.inference.completions.test_remote_dialects import StubServer
 
     town = small_town_factory()
     stub = StubServer("none of them", refusal_status=500)

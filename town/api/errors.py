@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from inference.task_queue import TaskQueueUnavailable
+from inference.fleet.task_queue import TaskQueueUnavailable
 from town.errors import RunStateError, TownError
 
 

@@ -5,7 +5,7 @@ scenario kills one node (SIGKILL) in the middle of the run and checks that every
 every tick was applied exactly once.
 
 Each scenario starts its workers afresh (cold caches; runs never share cached prefixes anyway:
-inference/cache_salt.py) on the nodes `bench-a` and `bench-b`, added to this process's
+inference/completions/cache_salt.py) on the nodes `bench-a` and `bench-b`, added to this process's
 INFERENCE_NODES only, so a `make run` on the same machine keeps its own queues.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from inference.node_health import node_states
+from inference.fleet.health import node_states
 from town import services
 from town.demo import DEMO_TOWN_NAME, demo_town_create
 from town.models import Decision, Run, Town

@@ -14,7 +14,7 @@ delivery says which send it is; only the send that began the running attempt may
 two copies never compute at once, and an answer that comes after another one is dropped. A broker
 also hands out a message again while its worker is still computing it (past the visibility timeout,
 or one the worker had prefetched): a process never begins a decision it is computing already. A
-decision whose node went down (no heartbeat: inference/node_health.py) is sent to a live node
+decision whose node went down (no heartbeat: inference/fleet/health.py) is sent to a live node
 instead (`decision_reroute`); the unique (tick, resident) row and the send that holds the running
 attempt keep it to one answer.
 """
@@ -33,11 +33,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from inference.cache_salt import run_cache_salt
+from inference.completions.cache_salt import run_cache_salt
 from inference.errors import CompletionInputError, CompletionTimeoutError
-from inference.node_health import NodeState
+from inference.fleet.health import NodeState
+from inference.fleet.task_queue import TaskQueueUnavailable
 from inference.services import Completion, CompletionRequest, completion_generate
-from inference.task_queue import TaskQueueUnavailable
 from town import events
 from town.models import Decision, Run
 from town.rules.actions import action_problem
@@ -301,7 +301,7 @@ def _claim_in_this_process(decision_id: int) -> Iterator[bool]:
 
 def decision_cache_salt(run) -> str:
     """Runs never share cached prefixes, so each run's numbers are its own; and no /v1 caller
-    can reach a run's cache (inference/cache_salt.py)."""
+    can reach a run's cache (inference/completions/cache_salt.py)."""
     return run_cache_salt(run.pk)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference.node_health import NodeState
+from inference.fleet.health import NodeState
 from inference.services import RouteChoice, completion_node_replacement, completion_route
 from town.models import Decision, Run
 from town.services.decisions import decision_completion_request

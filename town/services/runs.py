@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference.errors import UnknownNodeError
-from inference.nodes import node_names, node_require
+from inference.fleet.nodes import node_names, node_require
 from inference.services import completion_model, completion_retention_interval
 from town import events
 from town.errors import RunStateError, TownError

@@ -9,7 +9,7 @@ import contextlib
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from inference.nodes import nodes_without_worker
+from inference.fleet.nodes import nodes_without_worker
 from town import services
 from town.errors import RunStateError
 from town.management.commands.create_run import add_run_arguments, run_create_from_options

@@ -1,9 +1,9 @@
 """Node health: every node worker publishes a heartbeat (its engine's live load and the prompt
 prefixes it served lately); a node whose workers have all been silent for
-settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/node_routing.py), the tick loop's
+settings.INFERENCE_NODE_DOWN_S is down. Routing (inference/fleet/router.py), the tick loop's
 failover, the admin's node list and /metrics read the same NodeStates.
 
-A worker (inference/worker.py starts `HeartbeatPublisher` when it is ready) writes one
+A worker (inference/fleet/worker.py starts `HeartbeatPublisher` when it is ready) writes one
 NodeHeartbeat per node it consumes every settings.INFERENCE_HEARTBEAT_INTERVAL_S, and at once
 after it served a prompt (so the next tick sees where the prefixes went). The heartbeats live in
 a HeartbeatStore: Redis (the broker's, so every machine sees them; the embedded default runs an
@@ -30,7 +30,7 @@ import redis
 from django.conf import settings
 from prometheus_client.core import GaugeMetricFamily
 
-from inference.prefixes import ServedPrefixes, served_prefixes
+from inference.fleet.prefixes import ServedPrefixes, served_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class NodeHeartbeat:
     num_queued: int = 0  # messages on the node's Celery queue that no worker took yet
     num_reserved: int = 0  # tasks this worker took off the queue (prefetched), not begun yet
     kv_cache_usage: float = 0.0  # share of KV blocks used by live requests, 0..1
-    prefix_keys: tuple[str, ...] = ()  # served lately, most recent first (inference/prefixes.py)
+    # Served lately, most recent first (inference/fleet/prefixes.py).
+    prefix_keys: tuple[str, ...] = ()
     model: str = ""
 
     def to_json(self) -> str:
@@ -228,7 +229,7 @@ class NodeHealthCollector:
     """/metrics: each configured node's state, from the heartbeats, at scrape time."""
 
     def collect(self) -> Iterator[Any]:
-        from inference.nodes import node_names
+        from inference.fleet.nodes import node_names
 
         labels = ["node"]
         families = {
@@ -316,7 +317,7 @@ class HeartbeatPublisher:
 
     def heartbeats(self) -> list[NodeHeartbeat]:
         """What this worker reports now, one heartbeat per node."""
-        from inference.runtime import engine_get, engine_is_loaded, engine_settings
+        from inference.completions.runtime import engine_get, engine_is_loaded, engine_settings
 
         stats = engine_get().stats() if engine_is_loaded() else None
         keys = self._served.keys()

@@ -11,8 +11,8 @@ import socket
 import jsonschema
 import pytest
 
+from inference.completions.remote import RemoteServerError
 from inference.errors import CompletionInputError
-from inference.remote import RemoteServerError
 from inference.services import Completion, CompletionRequest, completion_generate, completion_model
 from town import services
 from town.demo import demo_town_create
@@ -122,7 +122,7 @@ def test_a_server_without_per_request_timings_gets_the_clients(settings):
     # vLLM's usage: token counts and cached tokens, no per-request timings.
     from openai.types import CompletionUsage
 
-    from inference.remote import _metrics
+    from inference.completions.remote import _metrics
 
     settings.INFERENCE_OPENAI = {"base_url": "http://gpu1:8000/v1", "model": "m", "api_key": ""}
     usage = CompletionUsage.model_validate(

@@ -11,8 +11,8 @@ import redis
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.completion import CompletionMetrics
-from inference.metrics import metrics_record
+from inference.completions.metrics import metrics_record
+from inference.completions.types import CompletionMetrics
 
 MODEL = "smollm2-tiny-random"
 
@@ -94,7 +94,7 @@ def test_recorded_requests_are_served_with_vllm_names(metrics_prefix):
 
 def test_redis_down_costs_a_warning_not_a_completion(settings, caplog, metrics_prefix, monkeypatch):
     # The failure pauses the process's recording; no pause here, so later tests record.
-    monkeypatch.setattr("inference.metrics.PAUSE_AFTER_FAILURE_S", 0.0)
+    monkeypatch.setattr("inference.completions.metrics.PAUSE_AFTER_FAILURE_S", 0.0)
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     metrics_record(model=MODEL, metrics=_request(), finish_reason="stop")  # does not raise
     assert "metrics not recorded" in caplog.text
@@ -187,9 +187,9 @@ def test_engine_lost_token_fields_become_counters_when_the_engine_has_them(
 def test_kv_tier_counters_reach_metrics_per_request_and_per_engine(
     metrics_prefix, redis_url, tmp_path, monkeypatch
 ):
-    from inference import metrics
+    from inference.completions import metrics
+    from inference.completions.engine_stats import stats_snapshot
     from inference.engine import EngineConfig, LLMEngine, SamplingParams
-    from inference.engine_stats import stats_snapshot
 
     monkeypatch.setattr(metrics._store, "_paused_until", 0.0)  # a test before took Redis down
 

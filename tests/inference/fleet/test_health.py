@@ -1,5 +1,5 @@
 """Heartbeat stores (Redis and in-process: one interface) and the publisher a node worker runs
-(inference/node_health.py). Workers publishing for real: tests/town/test_routing_nodes.py."""
+(inference/fleet/health.py). Workers publishing for real: tests/town/test_routing_nodes.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from inference.node_health import (
+from inference.fleet.health import (
     HeartbeatPublisher,
     MemoryHeartbeatStore,
     NodeHeartbeat,
@@ -17,7 +17,7 @@ from inference.node_health import (
     heartbeat_store,
     node_states,
 )
-from inference.prefixes import ServedPrefixes, prompt_prefixes
+from inference.fleet.prefixes import ServedPrefixes, prompt_prefixes
 
 
 @pytest.fixture(params=["redis", "memory"])

@@ -27,9 +27,9 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.completions.remote import remote_is_configured
+from inference.completions.runtime import engine_get
 from inference.errors import CompileLimitError
-from inference.remote import remote_is_configured
-from inference.runtime import engine_get
 
 RETRY_AFTER_COMPILING_S = 5  # a compile under way ends within the deadline; most much sooner
 

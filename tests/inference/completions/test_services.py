@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
+from inference.completions.runtime import engine_get
 from inference.errors import CompletionInputError
-from inference.runtime import engine_get
 from inference.services import Completion, CompletionRequest, completion_generate
 
 MESSAGES = [

@@ -1,7 +1,7 @@
 """Live engine gauges for /metrics: each worker publishes its engine's stats to Redis, and the web
 process, which holds no engine, reads the latest snapshot of every worker at scrape time.
 
-A worker (inference/worker.py starts `StatsPublisher` when it is ready) writes
+A worker (inference/fleet/worker.py starts `StatsPublisher` when it is ready) writes
 `engine.stats()` every settings.INFERENCE_STATS_INTERVAL_S to the hash
 `<INFERENCE_METRICS_PREFIX>:engine:<worker hostname>`, with a time to live of a few intervals:
 a worker that died drops out of the gauges on its own. `EngineStatsCollector` turns the
@@ -20,8 +20,8 @@ import redis
 from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from inference.completions.runtime import engine_get, engine_is_loaded, engine_settings
 from inference.engine.metrics import EngineStats
-from inference.runtime import engine_get, engine_is_loaded, engine_settings
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ COUNTERS = {
 }
 # Where the engine's lost-token counters go once EngineStats has them: every `num_lost_to_<why>`
 # field becomes pokomachi:engine_lost_prompt_tokens_total{reason="<why>"} (none exist yet on this
-# branch; the per-request ones are pokomachi:lost_prompt_tokens_total in inference/metrics.py).
+# branch; the per-request ones are pokomachi:lost_prompt_tokens_total in
+# inference/completions/metrics.py).
 LOST_PREFIX = "num_lost_to_"
 # The KV tiers below the device pool (EngineStats.kv_tiers): each tier's counters are flattened
 # into the snapshot as `kv_tier:<tier>:<field>` and exposed one family per field, label `tier`.

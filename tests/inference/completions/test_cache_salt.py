@@ -1,5 +1,5 @@
-"""The cache salt rule (inference/cache_salt.py): /v1 callers share cached prompts only with
-themselves, a client's salt only narrows, the town's runs are out of every caller's reach; and,
+"""The cache salt rule (inference/completions/cache_salt.py): /v1 callers share cached prompts only
+with themselves, a client's salt only narrows, the town's runs are out of every caller's reach; and,
 end to end through daphne and a real worker, a second identity sees none of the first one's
 cache while the first sees its own."""
 
@@ -9,9 +9,8 @@ import uuid
 
 from rest_framework.authtoken.models import Token
 
-from inference.cache_salt import run_cache_salt, v1_cache_salt
-
-from .test_openai_api import LONG_QUESTION, MODEL
+from inference.completions.cache_salt import run_cache_salt, v1_cache_salt
+from tests.inference.test_openai_api import LONG_QUESTION, MODEL
 
 
 def test_identities_get_different_salts_and_a_client_salt_only_narrows():

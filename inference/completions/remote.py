@@ -27,15 +27,15 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 
-from inference.completion import Completion, CompletionMetrics, CompletionRequest
-from inference.errors import CompletionInputError, InferenceError
-from inference.remote_dialects import (
+from inference.completions.remote_dialects import (
     DIALECTS,
     MAX_UNCONSTRAINED_TRIES,
     NOT_A_DIALECT_STATUS,
     dialect_apply,
     dialect_memory,
 )
+from inference.completions.types import Completion, CompletionMetrics, CompletionRequest
+from inference.errors import CompletionInputError, InferenceError
 
 logger = logging.getLogger(__name__)
 

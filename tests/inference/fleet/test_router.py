@@ -1,6 +1,6 @@
-"""The routing policies on crafted node states (inference/node_routing.py), the prompt prefix keys
-they match on (inference/prefixes.py), how heartbeats become node states
-(inference/node_health.py), and the services the town routes through (inference/services.py)."""
+"""The routing policies on crafted node states (inference/fleet/router.py), the prompt prefix keys
+they match on (inference/fleet/prefixes.py), how heartbeats become node states
+(inference/fleet/health.py), and the services the town routes through (inference/services.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from inference.completion import CompletionRequest
-from inference.node_health import NodeHeartbeat, NodeState, node_states_from
-from inference.node_routing import POLICIES, BalanceThresholds, Router, RouteRequest
-from inference.prefixes import ServedPrefixes, prompt_prefixes
+from inference.completions.types import CompletionRequest
+from inference.fleet.health import NodeHeartbeat, NodeState, node_states_from
+from inference.fleet.prefixes import ServedPrefixes, prompt_prefixes
+from inference.fleet.router import POLICIES, BalanceThresholds, Router, RouteRequest
 from inference.services import completion_node_replacement, completion_route
 from town.models import Run
 

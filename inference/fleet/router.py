@@ -1,8 +1,9 @@
 """Which node a request goes to (node routing; the WebSocket URL routes are Channels',
-pokosite/routing.py): the routing policies, over the nodes' states (inference/node_health.py).
-Pure: no Redis, no Django; the caller (inference/services.py: completion_route) reads the states
-and gives each request its prompt prefixes (inference/prefixes.py) and an affinity key (any
-stable string: the town passes one per resident; this module knows nothing of residents).
+pokosite/routing.py): the routing policies, over the nodes' states (inference/fleet/health.py).
+Pure: no Redis, no Django; the caller (inference/fleet/services.py: completion_route) reads the
+states and gives each request its prompt prefixes (inference/fleet/prefixes.py) and an affinity
+key (any stable string: the town passes one per resident; this module knows nothing of
+residents).
 
 Policies:
 - `cache_aware` (the default), after SGLang's router: if the live nodes' loads are imbalanced —
@@ -34,8 +35,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inference.node_health import NodeState
-from inference.prefixes import PromptPrefix
+from inference.fleet.health import NodeState
+from inference.fleet.prefixes import PromptPrefix
 
 POLICIES = ("cache_aware", "round_robin", "fixed")
 

@@ -1,5 +1,5 @@
-"""The typed seam (inference/completion.py): a CompletionRequest checked on construction, and the
-JSON forms that cross the Celery task behind /v1 and are stored as a decision's `metrics` — the
+"""The typed seam (inference/completions/types.py): a CompletionRequest checked on construction, and
+the JSON forms that cross the Celery task behind /v1 and are stored as a decision's `metrics` — the
 engine's exactly RequestMetrics' fields, and every form read back to the same object."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from inference.completion import Completion, CompletionMetrics, CompletionRequest
+from inference.completions.types import Completion, CompletionMetrics, CompletionRequest
 from inference.engine.metrics import RequestMetrics
 from inference.errors import CompletionInputError
 

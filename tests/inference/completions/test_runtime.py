@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from inference.completions.runtime import engine_config_from_settings
 from inference.engine import EngineConfig
-from inference.runtime import engine_config_from_settings
 
 
 def test_engine_config_comes_from_settings(settings):
@@ -48,8 +48,8 @@ def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
     import signal
     import time
 
+    from inference.completions.runtime import engine_get, engine_shutdown
     from inference.engine import SamplingParams
-    from inference.runtime import engine_get, engine_shutdown
 
     settings.INFERENCE_ENGINE = {
         "model": "smollm2-tiny-random",
@@ -76,7 +76,7 @@ def test_an_engine_that_lost_a_rank_is_replaced_on_next_use(settings):
 
 
 def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(settings, tmp_path):
-    from inference.runtime import engine_configured, engine_settings
+    from inference.completions.runtime import engine_configured, engine_settings
 
     settings.INFERENCE_ENGINE = {
         "model": "smollm2-tiny-random",
@@ -96,7 +96,7 @@ def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(
 
 
 def test_a_model_the_tiers_cannot_hold_says_how_to_turn_them_off(settings, tmp_path):
-    from inference.runtime import engine_get, engine_shutdown
+    from inference.completions.runtime import engine_get, engine_shutdown
 
     engine_shutdown()
     settings.INFERENCE_ENGINE = {

@@ -1,6 +1,7 @@
 """The typed seam between the town (and /v1) and inference: a CompletionRequest goes in, a
 Completion with its CompletionMetrics comes out, whichever backend answered (this process's
-engine, inference/services.py, or an external OpenAI-compatible server, inference/remote.py).
+engine, inference/completions/services.py, or an external OpenAI-compatible server,
+inference/completions/remote.py).
 
 Django-free and engine-free: plain dataclasses. Where a completion has to cross a process as JSON
 (the Celery task behind /v1, inference/tasks.py; a decision's stored `metrics`), it goes through
@@ -38,7 +39,7 @@ class CompletionRequest:
     # The engine's scheduling class (vLLM's priority): lower is served first.
     priority: int = 0
     # Any stable string that keeps related requests on one node while nothing else changes
-    # (the town passes one per resident; inference/node_routing.py: rendezvous hashing); routing
+    # (the town passes one per resident; inference/fleet/router.py: rendezvous hashing); routing
     # reads it, the engine never does. None: no affinity.
     affinity_key: str | None = None
 
@@ -129,8 +130,8 @@ class CompletionMetrics:
     weights: str | None = None  # the engine's weight format: "fp32" | "int8" | "int4"
     kv_cache_dtype: str | None = None  # the engine's KV cache: "float32" | "bfloat16"
     priority: int | None = None  # the engine's scheduling class the request ran in
-    # An external server's only (inference/remote.py): "openai:<base_url>", and the time to
-    # first token and end to end as this client saw them (network included).
+    # An external server's only (inference/completions/remote.py): "openai:<base_url>", and the time
+    # to first token and end to end as this client saw them (network included).
     backend: str | None = None
     client_ttft_s: float | None = None
     client_e2e_s: float | None = None

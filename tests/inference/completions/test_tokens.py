@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.tokens import chat_token_counts, tokenizer_for
+from inference.completions.tokens import chat_token_counts, tokenizer_for
 
 MESSAGES = [
     {"role": "system", "content": "You live in Pokomachi."},

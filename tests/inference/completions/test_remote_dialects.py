@@ -16,8 +16,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from inference.completions.remote_dialects import MAX_UNCONSTRAINED_TRIES, dialect_memory
 from inference.errors import CompletionInputError
-from inference.remote_dialects import MAX_UNCONSTRAINED_TRIES, dialect_memory
 from inference.services import CompletionRequest, completion_generate
 
 MODEL = "stub-model"

@@ -2,7 +2,8 @@
 
 Nodes are named in settings.INFERENCE_NODES (env POKOMACHI_NODES, comma-separated; default
 "local"). Each node has one Celery queue, named after the node, consumed by that node's worker:
-`celery -A pokosite worker -Q <node> --pool threads --concurrency 4 -n <node>@%h`.
+`celery -A pokosite worker -Q <node> --pool threads --concurrency 16 -n <node>@%h` (16 threads
+by default: pokosite/launcher.py, WORKER_THREADS).
 """
 
 from __future__ import annotations

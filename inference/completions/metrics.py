@@ -7,10 +7,10 @@ one Redis hash (settings.REDIS_URL, key `<INFERENCE_METRICS_PREFIX>:series`, HIN
 so workers never lose each other's counts), and `/metrics` reads that hash and renders it with
 `prometheus-client`. Counters and histograms therefore cover every node since the hash was
 made, exactly as Prometheus expects of counters. The live gauges (running, waiting, KV usage)
-come from each worker's latest stats snapshot (inference/engine_stats.py), and each node's
-state (up, load, heartbeat age, prefixes held) from its heartbeats (inference/node_health.py).
-Recording is best effort: if Redis does not answer, the completion goes on, the loss is logged,
-and recording pauses for a while.
+come from each worker's latest stats snapshot (inference/completions/engine_stats.py), and each
+node's state (up, load, heartbeat age, prefixes held) from its heartbeats
+(inference/fleet/health.py). Recording is best effort: if Redis does not answer, the completion goes
+on, the loss is logged, and recording pauses for a while.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from inference.completion import CompletionMetrics
+from inference.completions.types import CompletionMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -238,8 +238,8 @@ class RedisCollector:
 @require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """GET: the exposition; HEAD: the same status and headers, no body (uptime checks)."""
-    from inference.engine_stats import EngineStatsCollector
-    from inference.node_health import NodeHealthCollector
+    from inference.completions.engine_stats import EngineStatsCollector
+    from inference.fleet.health import NodeHealthCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector())

@@ -1,6 +1,6 @@
 """A node worker's lifecycle: load the engine when the worker starts, publish its live stats
-(inference/engine_stats.py) and its node's heartbeat (inference/node_health.py) while it runs,
-stop them all when it stops.
+(inference/completions/engine_stats.py) and its node's heartbeat (inference/fleet/health.py) while
+it runs, stop them all when it stops.
 
 Connected in InferenceConfig.ready(); the signals fire only inside `celery worker` processes.
 The warm-up runs before the worker logs "ready.", so a ready worker can serve at once. With an
@@ -15,10 +15,10 @@ from celery.exceptions import WorkerShutdown
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
-from inference.engine_stats import StatsPublisher
-from inference.node_health import HeartbeatPublisher
-from inference.remote import remote_is_configured
-from inference.runtime import engine_get, engine_shutdown
+from inference.completions.engine_stats import StatsPublisher
+from inference.completions.remote import remote_is_configured
+from inference.completions.runtime import engine_get, engine_shutdown
+from inference.fleet.health import HeartbeatPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def stats_publish_start(sender: object = None, **_: object) -> None:
 
 def worker_nodes(consumer: object) -> list[str]:
     """The nodes this worker serves: the queues it consumes (`-Q spark-a`), which are named after
-    their nodes (inference/nodes.py)."""
+    their nodes (inference/fleet/nodes.py)."""
     app = getattr(consumer, "app", None)
     try:
         queues = list(app.amqp.queues.consume_from) if app is not None else []

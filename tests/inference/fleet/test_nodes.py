@@ -7,7 +7,7 @@ from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.errors import UnknownNodeError
-from inference.nodes import node_default, node_names, node_queue, node_require
+from inference.fleet.nodes import node_default, node_names, node_queue, node_require
 
 
 def test_configured_nodes_and_their_queues(settings):
