@@ -14,6 +14,7 @@ from benchmarks import (
     fanout,
     gpu,
     load_checkpoint,
+    node_policies,
     priority,
     restart,
     retention_sweep,
@@ -41,6 +42,10 @@ MODES = {
     "load-checkpoint": (load_checkpoint, "load time and memory of a DeepSeek-V4 checkpoint"),
     "roofline": (roofline, "DeepSeek-V4's decode bound from memory bandwidth (config only)"),
     "v4-step": (v4_step, "DeepSeek-V4's decode step time against the bytes it reads"),
+    "node-policies": (
+        node_policies,
+        "the node routing policies on two local node workers, the demo town (Django)",
+    ),
     "gpu": (gpu, "kernels at real sizes and the engine on CUDA (needs a GPU)"),
 }
 

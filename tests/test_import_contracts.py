@@ -226,11 +226,6 @@ def settings_writes(path: Path) -> list[int]:
     return lines
 
 
-# A benchmark (python -m town.bench.routing) adds its nodes to its own process's
-# INFERENCE_NODES; it is not product code, and this exception goes when it joins benchmarks/.
-SETTINGS_WRITERS_ALLOWED = {"town/bench/routing.py"}
-
-
 def test_the_town_and_inference_never_assign_django_settings_at_run_time():
     """An engine for a block of work is inference's to configure (inference/completions/runtime.py:
     engine_configured), beside the engine, never by rewriting INFERENCE_ENGINE."""
@@ -241,7 +236,7 @@ def test_the_town_and_inference_never_assign_django_settings_at_run_time():
         for path in sorted(package_dir.rglob("*.py"))
         if (lines := settings_writes(path))
     }
-    assert {p: lines for p, lines in found.items() if p not in SETTINGS_WRITERS_ALLOWED} == {}
+    assert found == {}
 
 
 def test_the_settings_walk_sees_every_spelling(tmp_path):

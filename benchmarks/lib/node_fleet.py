@@ -1,12 +1,13 @@
-"""The routing bench (`manage.py bench_routing`): two node workers on this machine, each engine on
-its own torch thread budget, the demo town for a few ticks under each policy, and what each
-gives: token cache hit rate, tick wall time, median end-to-end, decisions per node. A last
-scenario kills one node (SIGKILL) in the middle of the run and checks that every decision of
-every tick was applied exactly once.
+"""What `python -m benchmarks node-policies` runs (benchmarks/node_policies.py): node workers on
+this machine, each engine on its own torch thread budget, the demo town for a few ticks of one
+scenario on them, and what it gives: token cache hit rate, tick wall time, median end-to-end,
+decisions per node, and whether every decision of every tick was applied exactly once.
 
-Each scenario starts its workers afresh (cold caches; runs never share cached prefixes anyway:
-inference/completions/cache_salt.py) on the nodes `bench-a` and `bench-b`, added to this process's
-INFERENCE_NODES only, so a `make run` on the same machine keeps its own queues.
+It reads the town's models, so Django is set up before this module is imported (the mode's
+main does it). Each scenario starts its workers afresh (cold caches; runs never share cached
+prefixes anyway: inference/completions/cache_salt.py) on the nodes `bench-a` and `bench-b`,
+added to this process's INFERENCE_NODES only, so a `make run` on the same machine keeps its own
+queues.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection
@@ -35,27 +37,14 @@ from town.selectors import run_summary
 from town.simulation import tick_run
 from town.tasks import decision_send
 
+if TYPE_CHECKING:
+    from benchmarks.node_policies import Scenario
+
 logger = logging.getLogger(__name__)
 
-BASE_DIR = Path(__file__).resolve().parent.parent.parent
+BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository: celery -A pokosite
 NODES = ("bench-a", "bench-b")
 D = Decision.Status
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    routing: str
-    num_nodes: int
-    kill_at_tick: int | None = None  # kill the second node while this tick runs
-
-
-SCENARIOS = {
-    "cache_aware": Scenario("cache_aware", Run.Routing.CACHE_AWARE, 2),
-    "round_robin": Scenario("round_robin", Run.Routing.ROUND_ROBIN, 2),
-    "one_node": Scenario("one_node", Run.Routing.FIXED, 1),
-    "failover": Scenario("failover", Run.Routing.CACHE_AWARE, 2, kill_at_tick=2),
-}
 
 
 @dataclass(slots=True)
@@ -176,7 +165,7 @@ def scenario_run(
             if scenario.kill_at_tick == index:
                 _kill_mid_tick(run=run, worker=workers[1], progress=progress)
             started = time.perf_counter()
-            tick_run(run_id=run.pk, send=decision_send, owner="bench_routing", poll_s=0.05)
+            tick_run(run_id=run.pk, send=decision_send, owner="bench_node_policies", poll_s=0.05)
             walls.append(time.perf_counter() - started)
             progress(f"{scenario.name}: tick {index} in {walls[-1]:.1f} s")
     finally:
