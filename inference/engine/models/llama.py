@@ -18,8 +18,27 @@ from inference.engine.attention.attention_backend import AttentionMetadata
 from inference.engine.attention.paged_kv import PagedKVSpec
 
 
+class PagedKVConfig:
+    """What a plain-KV model's config (llama, Gemma 3) tells the engine about its cache, from
+    its layer_types, num_layers, num_kv_heads, head_dim and sliding_window."""
+
+    __slots__ = ()
+
+    def paged_state_spec(self) -> PagedKVSpec:
+        """The engine's view of the KV cache: K and V per token in every layer."""
+        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * self.kv_bytes_per_token_per_layer
+
+
 @dataclass(frozen=True, slots=True)
-class LlamaConfig:
+class LlamaConfig(PagedKVConfig):
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -76,18 +95,6 @@ class LlamaConfig:
     @property
     def sliding_window(self) -> int | None:
         return None
-
-    def paged_state_spec(self) -> PagedKVSpec:
-        """The engine's view of the KV cache: K and V per token in every layer."""
-        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.num_layers * self.kv_bytes_per_token_per_layer
 
 
 class RotaryEmbedding(nn.Module):
