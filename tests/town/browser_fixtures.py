@@ -12,6 +12,10 @@ browser -> playwright Browser
     Debian's /usr/bin/chromium, headless, launched by Playwright (never a downloaded browser).
 open_town_page(opener, url, *, viewport, connected, until, errors, **new_page_kwargs) -> Page
     A new page at a run's live page, once the town view has drawn its first snapshot.
+open_town_pages(opener, url, *, until) -> {screen name: Page}
+    open_town_page, connected, at each of SCREEN_SIZES (a desktop's and a phone's).
+demo_run_start() -> Run
+    The demo town's run, started, sampled with a fixed seed (call it through off_loop).
 goto_replay(page, url)
     The page at a run's replay, once the replay's data has loaded.
 overlap(a, b)
@@ -42,6 +46,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from town import services
+from town.demo import demo_town_create
 from town.simulation import InlineSend, tick_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,6 +59,9 @@ DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir())
 # The real model (POKOMACHI_MODEL=smollm2-135m-instruct, for the README's screenshots) takes
 # minutes per tick on a shared CPU; the tiny default model seconds.
 TICK_TIMEOUT_S = 1200.0 if os.environ.get("POKOMACHI_MODEL") else 120.0
+
+# The screens the layout tests look at the live page on: name -> (width, height).
+SCREEN_SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 
 
 def _why_no_browser() -> str | None:
@@ -185,6 +194,26 @@ def open_town_page(
         ready.append(until)
     page.wait_for_function(" && ".join(ready), timeout=30_000)
     return page
+
+
+def open_town_pages(opener, url: str, *, until: str) -> dict:
+    """open_town_page at each of SCREEN_SIZES, connected and once `until` holds, by screen."""
+    return {
+        name: open_town_page(
+            opener, url, viewport={"width": width, "height": height}, connected=True, until=until
+        )
+        for name, (width, height) in SCREEN_SIZES.items()
+    }
+
+
+def demo_run_start():
+    """The demo town's run, started; sampled with a fixed seed: the same decisions every time,
+    and some of them "go". It touches the database: call it through off_loop."""
+    return services.run_start(
+        run=services.run_create(
+            town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
+        )
+    )
 
 
 def goto_replay(page, url: str) -> None:
