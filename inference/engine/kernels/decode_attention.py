@@ -139,7 +139,6 @@ def decode_attention(
     first_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     device = q.device
-    check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
@@ -194,6 +193,7 @@ def check_attention_inputs(
 ) -> tuple[int, int, int, int]:
     """The checks both attention launchers share; returns (B, n_heads, n_kv_heads, head_dim)."""
     device = q.device
+    check_device(device)
     check_cache_pair(k_cache, v_cache, device)
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_same("q", q.dtype, k_cache.dtype, "dtype (must match the cache)")

@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from inference.engine.kernels._common import (
-    check_device,
     dot_precision,
     next_pow2,
     upcast_dot,
@@ -107,7 +106,6 @@ def prefill_attention(
     first_blocks: torch.Tensor | None = None,  # as in decode_attention
 ) -> torch.Tensor:
     device = q.device
-    check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
