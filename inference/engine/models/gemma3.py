@@ -37,13 +37,6 @@ _DEFAULT_SLIDING_PATTERN = 6
 
 @dataclass(frozen=True, slots=True)
 class Gemma3Config(PagedKVConfig):
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rope_theta: float  # global layers
     rope_local_theta: float  # sliding layers
     rms_norm_eps: float

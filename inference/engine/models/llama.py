@@ -18,11 +18,18 @@ from inference.engine.attention.attention_backend import AttentionMetadata
 from inference.engine.attention.paged_kv import PagedKVSpec
 
 
+@dataclass(frozen=True, slots=True)
 class PagedKVConfig:
-    """What a plain-KV model's config (llama, Gemma 3) tells the engine about its cache, from
-    its layer_types, num_layers, num_kv_heads, head_dim and sliding_window."""
+    """The shape a plain-KV model's config (llama, Gemma 3) starts with, and what the config
+    tells the engine about its KV cache (with the layer_types and sliding_window it adds)."""
 
-    __slots__ = ()
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
 
     def paged_state_spec(self) -> PagedKVSpec:
         """The engine's view of the KV cache: K and V per token in every layer."""
@@ -39,13 +46,6 @@ class PagedKVConfig:
 
 @dataclass(frozen=True, slots=True)
 class LlamaConfig(PagedKVConfig):
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rope_theta: float
     rms_norm_eps: float
     max_position_embeddings: int
