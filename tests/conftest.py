@@ -27,7 +27,6 @@ celery_worker_process -> start(queue=None, *, env=None, concurrency=4, ready_tim
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from pathlib import Path
 import pytest
 import redis
 from django.conf import settings
+
+from tests.child_processes import child_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,8 +128,6 @@ class WorkerProcess:
 def celery_worker_process(
     redis_url: str, transactional_db: None, settings
 ) -> Iterator[Callable[..., WorkerProcess]]:
-    from django.db import connection
-
     started: list[WorkerProcess] = []
     serial = count()
 
@@ -143,21 +142,15 @@ def celery_worker_process(
         if queue not in settings.INFERENCE_NODES:
             settings.INFERENCE_NODES = [*settings.INFERENCE_NODES, queue]
         hostname = f"{queue}-{next(serial)}@{uuid.uuid4().hex[:6]}"
-        child_env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "pokosite.settings.test",
-            "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-            "POKOMACHI_TEST_REDIS_URL": redis_url,
-            "POKOMACHI_NODES": queue,
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
+        worker_env = child_env(
+            "pokosite.settings.test", redis_url, {"POKOMACHI_NODES": queue, **(env or {})}
+        )
         argv = [
             sys.executable, "-m", "celery", "-A", "pokosite", "worker",
             "-Q", queue, "--pool", "threads", "--concurrency", str(concurrency),
             "-n", hostname, "--loglevel", "INFO", "--without-mingle", "--without-gossip",
         ]  # fmt: skip
-        worker = WorkerProcess(queue, hostname, argv, child_env)
+        worker = WorkerProcess(queue, hostname, argv, worker_env)
         started.append(worker)
         worker.wait_ready(ready_timeout_s)
         return worker

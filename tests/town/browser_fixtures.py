@@ -12,6 +12,10 @@ browser -> playwright Browser
     Debian's /usr/bin/chromium, headless, launched by Playwright (never a downloaded browser).
 open_town_page(opener, url, *, viewport, connected, until, errors, **new_page_kwargs) -> Page
     A new page at a run's live page, once the town view has drawn its first snapshot.
+open_town_pages(opener, url, *, until) -> {screen name: Page}
+    open_town_page, connected, at each of SCREEN_SIZES (a desktop's and a phone's).
+demo_run_start() -> Run
+    The demo town's run, started, sampled with a fixed seed (call it through off_loop).
 goto_replay(page, url)
     The page at a run's replay, once the replay's data has loaded.
 overlap(a, b)
@@ -29,23 +33,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
+from tests.child_processes import child_env, daphne_serving
+from town import services
+from town.demo import demo_town_create
 from town.simulation import InlineSend, tick_run
 
 CHROMIUM = Path("/usr/bin/chromium")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where the browser tests save what they saw: POKOMACHI_SCREENSHOT_DIR when set, else a
 # scratch folder (the README's screenshots in docs/ are made on purpose, not by every test run).
 DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir()) / "pokomachi-shots"
@@ -53,6 +54,9 @@ DOCS = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tempfile.gettempdir())
 # The real model (POKOMACHI_MODEL=smollm2-135m-instruct, for the README's screenshots) takes
 # minutes per tick on a shared CPU; the tiny default model seconds.
 TICK_TIMEOUT_S = 1200.0 if os.environ.get("POKOMACHI_MODEL") else 120.0
+
+# The screens the layout tests look at the live page on: name -> (width, height).
+SCREEN_SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 
 
 def _why_no_browser() -> str | None:
@@ -94,64 +98,16 @@ def off_loop(fn, /, **kwargs):
         return pool.submit(call).result()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class WebServer(str):
-    """The server's base URL; .log() is everything daphne printed so far."""
-
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @pytest.fixture
 def web_server(request, redis_url: str, transactional_db, tmp_path):
-    """daphne on a free port, on this test's database and channel layer prefix. Its output
-    goes to a file: a pipe nobody reads would fill up and stall the server."""
+    """daphne (child_processes.daphne_serving) on this test's database and channel layer
+    prefix."""
     channel_prefix = request.getfixturevalue("isolated_channel_layer")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.town.live_settings",
-        "POKOMACHI_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-        "POKOMACHI_TEST_REDIS_URL": redis_url,
-        "POKOMACHI_TEST_CHANNEL_PREFIX": channel_prefix,
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    url = WebServer(f"http://127.0.0.1:{port}")
-    url.log_path = tmp_path / "daphne.log"
-    with url.log_path.open("w") as log:
-        process = subprocess.Popen(
-            [*argv, "pokosite.asgi:application"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"daphne did not serve {url}/healthz; its output:\n{url.log()}")
-        time.sleep(0.3)
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    env = child_env(
+        "tests.town.live_settings", redis_url, {"POKOMACHI_TEST_CHANNEL_PREFIX": channel_prefix}
+    )
+    with daphne_serving(env, tmp_path / "daphne.log") as url:
+        yield url
 
 
 @pytest.fixture
@@ -185,6 +141,26 @@ def open_town_page(
         ready.append(until)
     page.wait_for_function(" && ".join(ready), timeout=30_000)
     return page
+
+
+def open_town_pages(opener, url: str, *, until: str) -> dict:
+    """open_town_page at each of SCREEN_SIZES, connected and once `until` holds, by screen."""
+    return {
+        name: open_town_page(
+            opener, url, viewport={"width": width, "height": height}, connected=True, until=until
+        )
+        for name, (width, height) in SCREEN_SIZES.items()
+    }
+
+
+def demo_run_start():
+    """The demo town's run, started; sampled with a fixed seed: the same decisions every time,
+    and some of them "go". It touches the database: call it through off_loop."""
+    return services.run_start(
+        run=services.run_create(
+            town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
+        )
+    )
 
 
 def goto_replay(page, url: str) -> None:

@@ -14,6 +14,7 @@ from inference.completions.runtime import engine_configured
 from tests.town.browser_fixtures import (
     DOCS,
     TickInBackground,
+    demo_run_start,
     goto_replay,
     needs_chromium,
     off_loop,
@@ -63,14 +64,7 @@ def fresh_engine():
 
 @pytest.mark.usefixtures("fresh_engine")
 def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_server, browser):
-    run = off_loop(
-        lambda: services.run_start(
-            # Sampled with a fixed seed: the same decisions every time, and some of them "go".
-            run=services.run_create(
-                town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
-            )
-        )
-    )
+    run = off_loop(demo_run_start)
     errors: list[str] = []
     # The places and the residents drawn, from one snapshot.
     page = open_town_page(
@@ -210,13 +204,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
 
 @pytest.mark.usefixtures("fresh_engine")
 def test_the_live_page_fits_a_phone_screen(web_server, browser):
-    run = off_loop(
-        lambda: services.run_start(
-            run=services.run_create(
-                town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
-            )
-        )
-    )
+    run = off_loop(demo_run_start)
     TickInBackground(run, gated=False).join()
     page = open_town_page(
         browser,

@@ -19,7 +19,7 @@ from tests.town.browser_fixtures import (
     goto_replay,
     needs_chromium,
     off_loop,
-    open_town_page,
+    open_town_pages,
     overlap,
 )
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
@@ -33,7 +33,6 @@ NUM_RESIDENTS = 10
 # Three places close together in the middle of the map, so their names and their crowds'
 # bubbles compete for the same room.
 CROWDED_PLACES = ["Kissa Komorebi", "Cafe Sora", "Panya Mugi"]
-WIDTHS = {"desktop": (1280, 800), "phone": (390, 844)}
 # How far a box may be set from its resident's head (its leader line says whose it is).
 MAX_REACH_PX = 140
 
@@ -150,17 +149,13 @@ def _crowded_run():
 def test_bubbles_and_clouds_keep_off_place_names_and_each_other(web_server, browser):
     with engine_configured():  # a fresh engine: this test's decisions depend on it alone
         run = off_loop(_crowded_run)
-        pages = {}
-        for name, (width, height) in WIDTHS.items():
-            page = open_town_page(
-                browser,
-                f"{web_server}/runs/{run.pk}/",
-                viewport={"width": width, "height": height},
-                connected=True,
-                until=f"townView.map.stats.residentsDrawn === {NUM_RESIDENTS}",
-            )
+        pages = open_town_pages(
+            browser,
+            f"{web_server}/runs/{run.pk}/",
+            until=f"townView.map.stats.residentsDrawn === {NUM_RESIDENTS}",
+        )
+        for page in pages.values():
             page.evaluate("townView.map.bubbleMs = Infinity")  # bubbles stay until measured
-            pages[name] = page
 
         # Everyone thinking: the tick's ten decisions sent, none answered yet.
         tick = TickInBackground(run, gated=True)

@@ -14,19 +14,17 @@ from inference.completions.runtime import engine_configured
 from tests.town.browser_fixtures import (
     DOCS,
     TickInBackground,
+    demo_run_start,
     needs_chromium,
     off_loop,
-    open_town_page,
+    open_town_pages,
     overlap,
 )
 from tests.town.live_fixtures import isolated_channel_layer  # noqa: F401
-from town import services
-from town.demo import demo_town_create
 from town.models import RunEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
-WIDTHS = {"desktop": (1280, 800), "phone": (390, 844)}
 
 # Every element wider than the screen, or reaching past its right edge (what makes a phone
 # scroll sideways), with the page's own scroll width.
@@ -106,26 +104,16 @@ def _tick_events(run) -> list[str]:
 
 def test_each_decision_shows_as_it_lands_and_the_pages_fit_a_phone(web_server, browser):
     with engine_configured():  # a fresh engine: this test's decisions depend on it alone
-        run = off_loop(
-            lambda: services.run_start(
-                run=services.run_create(
-                    town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
-                )
-            )
-        )
+        run = off_loop(demo_run_start)
         context = browser.new_context()
         context.add_cookies([_staff_cookie(web_server)])
-        pages = {}
-        for name, (width, height) in WIDTHS.items():
-            page = open_town_page(
-                context,
-                f"{web_server}/runs/{run.pk}/",
-                viewport={"width": width, "height": height},
-                connected=True,
-                until="townView.map.stats.residentsDrawn === 10",
-            )
+        pages = open_town_pages(
+            context,
+            f"{web_server}/runs/{run.pk}/",
+            until="townView.map.stats.residentsDrawn === 10",
+        )
+        for name, page in pages.items():
             _no_label_over_a_name(page, f"{name}, everyone at home")
-            pages[name] = page
 
         # One decision answered, the tick held on the others: it is on both pages' maps and
         # feeds, with the same words, while the others think and the tick is not over.

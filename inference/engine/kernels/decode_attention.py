@@ -26,7 +26,12 @@ from inference.engine.kernels._common import (
     next_pow2,
     upcast_dot,
 )
-from inference.engine.kernels.flash_tile import load_kv_tile, online_softmax_update
+from inference.engine.kernels.flash_tile import (
+    first_block,
+    online_softmax_update,
+    score_kv_tile,
+    start_online_softmax,
+)
 from inference.engine.kernels.reference import paged_attention_reference
 
 LOG2E = 1.4426950408889634
@@ -50,9 +55,7 @@ def _decode_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
-    first = 0  # the block index of block_tables[seq, 0]
-    if HAS_FIRST:
-        first = tl.load(first_blocks_ptr + seq)
+    first = first_block(first_blocks_ptr, seq, HAS_FIRST)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = tl.maximum(seq_len - window, 0)  # first visible key
     part_start = start + part * PARTITION
@@ -71,18 +74,14 @@ def _decode_kernel(
     q = tl.load(q_ptr + row * stride_qt + head[:, None] * stride_qh + d[None, :], mask=row_mask)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i, l_i, acc = start_online_softmax(BLOCK_G, BLOCK_D)
     for tile in range(part_start, part_end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        pos_mask = pos < part_end
-        k, v = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, pos, pos_mask, d,
-            stride_cs, stride_ch, stride_bt, HEAD_DIM, BLOCK_SIZE, UPCAST,
+        _, pos_mask, s, v = score_kv_tile(
+            q, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, tile, part_end, d,
+            scale_log2, stride_cs, stride_ch, stride_bt,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION,
         )  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_G, BLOCK_N)
-        s = tl.where(pos_mask[None, :], s, float("-inf"))
+        s = tl.where(pos_mask[None, :], s, float("-inf"))  # (BLOCK_G, BLOCK_N)
         m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, PRECISION)
     acc = acc / l_i[:, None]
     if SPLIT:
@@ -140,7 +139,6 @@ def decode_attention(
     first_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     device = q.device
-    check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
@@ -155,11 +153,7 @@ def decode_attention(
         )
     if partition_size < 16 or partition_size & (partition_size - 1):
         raise ValueError(f"partition_size must be a power of two ≥ 16, got {partition_size}")
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
-        check_same("out", tuple(out.shape), tuple(q.shape), "shape")
+    out = attention_out(q, out)
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
@@ -199,6 +193,7 @@ def check_attention_inputs(
 ) -> tuple[int, int, int, int]:
     """The checks both attention launchers share; returns (B, n_heads, n_kv_heads, head_dim)."""
     device = q.device
+    check_device(device)
     check_cache_pair(k_cache, v_cache, device)
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES, device=device)
     check_same("q", q.dtype, k_cache.dtype, "dtype (must match the cache)")
@@ -220,6 +215,15 @@ def check_attention_inputs(
     if window is not None and not 1 <= window < NO_WINDOW:
         raise ValueError(f"window must be None or in [1, {NO_WINDOW}), got {window}")
     return num_seqs, num_heads, num_kv_heads, head_dim
+
+
+def attention_out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The launchers' output: `out` checked to be q's shape and dtype, or a new tensor like q."""
+    if out is None:
+        return torch.empty_like(q)
+    check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=q.device)
+    check_same("out", tuple(out.shape), tuple(q.shape), "shape")
+    return out
 
 
 def check_per_sequence(

@@ -1,7 +1,8 @@
 """One key tile of paged flash attention, as the decode and prefill kernels both read it: the
-tile's K/V through the block table, then the online-softmax update of each query row's running
-max `m`, sum `l` and output `acc` (flash attention: what came before is rescaled by
-exp2(m_old - m_new), so one pass over the keys gives the softmax-weighted sum).
+tile's K/V through the block table and its scores, then the online-softmax update of each query
+row's running max `m`, sum `l` and output `acc` (flash attention: what came before is rescaled
+by exp2(m_old - m_new), so one pass over the keys gives the softmax-weighted sum). Each kernel
+masks the scores itself (decode: the partition's end; prefill: causal and window too).
 
 Scores are in log2 units (the caller's scale includes log2(e)), hence exp2.
 """
@@ -10,6 +11,15 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def first_block(first_blocks_ptr, seq, HAS_FIRST: tl.constexpr):
+    """The block index of block_tables[seq, 0]: 0 unless the tables start later (HAS_FIRST)."""
+    first = 0
+    if HAS_FIRST:
+        first = tl.load(first_blocks_ptr + seq)
+    return first
 
 
 @triton.jit
@@ -30,6 +40,35 @@ def load_kv_tile(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     return k, v
+
+
+@triton.jit
+def score_kv_tile(
+    q, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, tile, end, d, scale_log2,
+    stride_cs, stride_ch, stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The BLOCK_N keys from position `tile` (those before `end`): their positions `pos`, the mask
+    pos < end, the scores of the query rows `q` against them (log2 units, not yet masked:
+    (rows, BLOCK_N)) and their values (BLOCK_N, BLOCK_D)."""
+    pos = tile + tl.arange(0, BLOCK_N)
+    pos_mask = pos < end
+    k, v = load_kv_tile(
+        k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, pos, pos_mask, d,
+        stride_cs, stride_ch, stride_bt, HEAD_DIM, BLOCK_SIZE, UPCAST,
+    )  # fmt: skip
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    return pos, pos_mask, s, v
+
+
+@triton.jit
+def start_online_softmax(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The running (m_i, l_i, acc) of ROWS query rows before any key: -inf, 0, 0."""
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    return m_i, l_i, acc
 
 
 @triton.jit

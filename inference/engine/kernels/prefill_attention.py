@@ -15,9 +15,6 @@ import triton
 import triton.language as tl
 
 from inference.engine.kernels._common import (
-    check_device,
-    check_same,
-    check_tensor,
     dot_precision,
     next_pow2,
     upcast_dot,
@@ -25,10 +22,16 @@ from inference.engine.kernels._common import (
 from inference.engine.kernels.decode_attention import (
     LOG2E,
     NO_WINDOW,
+    attention_out,
     check_attention_inputs,
     check_per_sequence,
 )
-from inference.engine.kernels.flash_tile import load_kv_tile, online_softmax_update
+from inference.engine.kernels.flash_tile import (
+    first_block,
+    online_softmax_update,
+    score_kv_tile,
+    start_online_softmax,
+)
 from inference.engine.kernels.reference import paged_attention_reference
 
 BLOCK_M = 64  # query rows (tokens × group heads) per tile
@@ -48,9 +51,7 @@ def _prefill_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2)
-    first = 0  # the block index of block_tables[seq, 0]
-    if HAS_FIRST:
-        first = tl.load(first_blocks_ptr + seq)
+    first = first_block(first_blocks_ptr, seq, HAS_FIRST)
     query_len = tl.load(query_lens_ptr + seq)
     if q_tile * BLOCK_Q >= query_len:
         return
@@ -71,17 +72,14 @@ def _prefill_kernel(
     first_pos = seq_len - query_len + q_tile * BLOCK_Q
     key_end = tl.minimum(first_pos + BLOCK_Q, seq_len)  # one past the tile's last query
     key_start = tl.maximum(first_pos - window + 1, 0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i, l_i, acc = start_online_softmax(BLOCK_M, BLOCK_D)
     for tile in range(key_start, key_end, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        pos_mask = pos < key_end
-        k, v = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, pos, pos_mask, d,
-            stride_cs, stride_ch, stride_bt, HEAD_DIM, BLOCK_SIZE, UPCAST,
+        pos, pos_mask, s, v = score_kv_tile(
+            q, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, first, kv_head, tile, key_end, d,
+            scale_log2, stride_cs, stride_ch, stride_bt,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST, PRECISION,
         )  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # (BLOCK_M, BLOCK_N)
+        # (BLOCK_M, BLOCK_N): a row sees the keys up to its own position, within the window
         visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -108,7 +106,6 @@ def prefill_attention(
     first_blocks: torch.Tensor | None = None,  # as in decode_attention
 ) -> torch.Tensor:
     device = q.device
-    check_device(device)
     num_seqs, num_heads, num_kv_heads, head_dim = check_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, block_size, window
     )
@@ -118,11 +115,7 @@ def prefill_attention(
     )  # fmt: skip
     if max_query_len < 1:
         raise ValueError(f"max_query_len must be ≥ 1, got {max_query_len}")
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=device)
-        check_same("out", tuple(out.shape), tuple(q.shape), "shape")
+    out = attention_out(q, out)
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.attention.attention_backend import AttentionMetadata
-from inference.engine.attention.paged_kv import PagedKVSpec
 from inference.engine.models.llama import (
     LlamaMLP,
+    PagedKVConfig,
     apply_rope,
     hf_names_from_gguf,
     load_layer_linears,
@@ -36,14 +36,7 @@ _DEFAULT_SLIDING_PATTERN = 6
 
 
 @dataclass(frozen=True, slots=True)
-class Gemma3Config:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+class Gemma3Config(PagedKVConfig):
     rope_theta: float  # global layers
     rope_local_theta: float  # sliding layers
     rms_norm_eps: float
@@ -90,18 +83,6 @@ class Gemma3Config:
             # and transformers' default (256 = head_dim here) do.
             query_pre_attn_scalar=float(head_dim),
         )
-
-    def paged_state_spec(self) -> PagedKVSpec:
-        """The engine's view of the KV cache: K and V per token in every layer."""
-        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.num_layers * self.kv_bytes_per_token_per_layer
 
 
 def _layer_types(pattern: Any, num_layers: int) -> tuple[str, ...]:

@@ -19,7 +19,10 @@ from inference.engine.attention.paged_kv import PagedKVSpec
 
 
 @dataclass(frozen=True, slots=True)
-class LlamaConfig:
+class PagedKVConfig:
+    """The shape a plain-KV model's config (llama, Gemma 3) starts with, and what the config
+    tells the engine about its KV cache (with the layer_types and sliding_window it adds)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,6 +30,22 @@ class LlamaConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+
+    def paged_state_spec(self) -> PagedKVSpec:
+        """The engine's view of the KV cache: K and V per token in every layer."""
+        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * self.kv_bytes_per_token_per_layer
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig(PagedKVConfig):
     rope_theta: float
     rms_norm_eps: float
     max_position_embeddings: int
@@ -76,18 +95,6 @@ class LlamaConfig:
     @property
     def sliding_window(self) -> int | None:
         return None
-
-    def paged_state_spec(self) -> PagedKVSpec:
-        """The engine's view of the KV cache: K and V per token in every layer."""
-        return PagedKVSpec(self.layer_types, self.num_kv_heads, self.head_dim, self.sliding_window)
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * 4  # fp32 K and V
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.num_layers * self.kv_bytes_per_token_per_layer
 
 
 class RotaryEmbedding(nn.Module):

@@ -12,8 +12,9 @@ subprocess with the variable set, so it never reaches any other test. To run the
 Fixtures:
 - `seed`: a fresh random seed per test (fresh inputs each run), printed on failure.
 - `make_batch(rng, ...)`: random ragged sequences laid out in a paged cache (`PagedBatch`).
-- `window_tables(batch, window)`: the batch's tables as a sliding layer lists them (from the
-  block of each sequence's earliest visible key on), the blocks before NaN-poisoned.
+- `window_batch(seed, ...)`: a random batch with a random block size and window, and its
+  tables as a sliding layer lists them (from the block of each sequence's earliest visible key
+  on, the blocks before NaN-poisoned): (batch, window, tables, first_blocks).
 - `tolerance(dtype)`: assert_close tolerances against the fp32 reference for that input dtype
   (fp32 tight; fp16/bf16 allow their rounding of P before the P·V product).
 """
@@ -131,6 +132,21 @@ def window_block_tables(batch: PagedBatch, window: int) -> tuple[torch.Tensor, t
     return tables, torch.tensor(firsts, dtype=torch.int32)
 
 
+def make_window_batch(
+    seed: int, *, num_seqs: int, num_heads: int, dtype: torch.dtype, decode: bool
+) -> tuple[PagedBatch, int, torch.Tensor, torch.Tensor]:
+    """Sequences up to 150 long (2 kv heads of 32) in blocks of 4 or 16, and a window of 5, 16
+    or 40 that drops their earliest blocks from the tables."""
+    rng = random.Random(seed)
+    block_size, window = rng.choice([4, 16]), rng.choice([5, 16, 40])
+    batch = make_paged_batch(
+        rng, num_seqs=num_seqs, num_heads=num_heads, num_kv_heads=2, head_dim=32,
+        block_size=block_size, max_seq_len=150, dtype=dtype, decode=decode,
+    )  # fmt: skip
+    tables, firsts = window_block_tables(batch, window)
+    return batch, window, tables, firsts
+
+
 @pytest.fixture
-def window_tables():
-    return window_block_tables
+def window_batch():
+    return make_window_batch

@@ -69,17 +69,13 @@ def test_a_padded_sequence_gets_zeros_and_its_neighbours_are_unaffected(make_bat
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_reads_a_window_table_that_starts_at_a_later_block(
-    dtype, seed, make_batch, window_tables, tolerance
+    dtype, seed, window_batch, tolerance
 ):
-    rng = random.Random(seed)
-    block_size, window = rng.choice([4, 16]), rng.choice([5, 16, 40])
-    batch = make_batch(
-        rng, num_seqs=4, num_heads=8, num_kv_heads=2, head_dim=32, block_size=block_size,
-        max_seq_len=150, dtype=dtype, decode=True,
-    )  # fmt: skip
-    tables, firsts = window_tables(batch, window)
+    batch, window, tables, firsts = window_batch(
+        seed, num_seqs=4, num_heads=8, dtype=dtype, decode=True
+    )
     rows = torch.arange(4, dtype=torch.int32)
-    args = (batch.q, batch.k_cache, batch.v_cache, tables, batch.seq_lens, rows, block_size)
+    args = (batch.q, batch.k_cache, batch.v_cache, tables, batch.seq_lens, rows, batch.block_size)
     out = decode_attention(
         *args, batch.scale, max_seq_len=int(batch.seq_lens.max()), window=window,
         partition_size=16, first_blocks=firsts,

@@ -64,18 +64,14 @@ def test_prefill_leaves_rows_of_other_sequences_untouched(make_batch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_reads_a_window_table_that_starts_at_a_later_block(
-    dtype, seed, make_batch, window_tables, tolerance
+    dtype, seed, window_batch, tolerance
 ):
-    rng = random.Random(seed)
-    block_size, window = rng.choice([4, 16]), rng.choice([5, 16, 40])
-    batch = make_batch(
-        rng, num_seqs=3, num_heads=6, num_kv_heads=2, head_dim=32, block_size=block_size,
-        max_seq_len=150, dtype=dtype, decode=False,
-    )  # fmt: skip
-    tables, firsts = window_tables(batch, window)
+    batch, window, tables, firsts = window_batch(
+        seed, num_seqs=3, num_heads=6, dtype=dtype, decode=False
+    )
     args = (
         batch.q, batch.k_cache, batch.v_cache, tables, batch.seq_lens, batch.query_starts,
-        batch.query_lens, block_size, batch.scale,
+        batch.query_lens, batch.block_size, batch.scale,
     )  # fmt: skip
     out = prefill_attention(
         *args, max_query_len=int(batch.query_lens.max()), window=window, first_blocks=firsts
