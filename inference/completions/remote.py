@@ -29,7 +29,7 @@ from django.conf import settings
 
 from inference.completions.remote_dialects import (
     DIALECTS,
-    MAX_UNCONSTRAINED_TRIES,
+    MAX_ANSWER_TRIES,
     NOT_A_DIALECT_STATUS,
     dialect_apply,
     dialect_memory,
@@ -105,10 +105,7 @@ def remote_generate(
     refusals: list[openai.APIError] = []
     for dialect in memory.candidates(base_url):
         try:
-            if dialect == "unconstrained":
-                completion = _unconstrained(body, request, on_text, base_url)
-            else:
-                completion = _stream(dialect_apply(body, dialect, request.json_schema), on_text)
+            completion = _checked(body, request, on_text, base_url, dialect)
         except openai.APIError as exc:
             status = getattr(exc, "status_code", None)
             if is_known or status in NOT_A_DIALECT_STATUS or _is_connection(exc):
@@ -128,34 +125,46 @@ def remote_generate(
     raise type(error)(f"{error} (refused in every structured-output dialect: {DIALECTS})")
 
 
-def _unconstrained(
+def _checked(
     body: dict[str, Any],
     request: CompletionRequest,
     on_text: Callable[[str], None] | None,
     base_url: str,
+    dialect: str,
 ) -> Completion:
-    """No constraint the server understands: ask, check the answer against the schema, ask again
-    (a new seed) up to MAX_UNCONSTRAINED_TRIES times; the text goes to `on_text` once checked."""
+    """Ask in `dialect`, check the answer against the schema, ask again (a new seed) up to
+    MAX_ANSWER_TRIES times; the text goes to `on_text` once checked. Without a constraint the
+    model may stray; with one, a server may still end an answer early: llama-cpp-python's
+    server cuts a stream short, empty, when another request arrives (its --interrupt_requests,
+    on by default). A refusal (the openai client's error) propagates at once."""
     completion = None
-    for attempt in range(MAX_UNCONSTRAINED_TRIES):
+    label = "no constraint" if dialect == "unconstrained" else dialect
+    for attempt in range(MAX_ANSWER_TRIES):
         if request.seed is not None:
             body = {**body, "seed": request.seed + attempt}
-        completion = _stream(body, None)
+        asked = (
+            body
+            if dialect == "unconstrained"
+            else dialect_apply(body, dialect, request.json_schema)
+        )
+        completion = _stream(asked, None)
         problem = _schema_problem(completion.text, request.json_schema)
         if problem is None:
             break
         logger.info(
-            "%s (no constraint): answer %s of %s is outside the schema (%s)",
+            "%s (%s): answer %s of %s is outside the schema (%s)",
             base_url,
+            label,
             attempt + 1,
-            MAX_UNCONSTRAINED_TRIES,
+            MAX_ANSWER_TRIES,
             problem,
         )
     else:
         logger.warning(
-            "%s (no constraint): none of %s answers followed the schema; keeping the last",
+            "%s (%s): none of %s answers followed the schema; keeping the last",
             base_url,
-            MAX_UNCONSTRAINED_TRIES,
+            label,
+            MAX_ANSWER_TRIES,
         )
     if on_text is not None and completion.text:
         on_text(completion.text)

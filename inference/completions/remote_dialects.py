@@ -6,8 +6,10 @@ Servers that speak OpenAI's protocol disagree on structured output:
 - "json_object": `response_format: {"type": "json_object", "schema": ...}` (llama-cpp-python's
   server, which answers 500 to the first);
 - "guided_json": vLLM's `guided_json` field (its older versions);
-- "unconstrained": none of them; the answer is checked against the schema afterwards and asked
-  for again a bounded number of times (remote.py).
+- "unconstrained": none of them.
+
+In every dialect the answer is checked against the schema and asked for again a bounded number of
+times (remote.py): a server that takes a constraint may still end an answer early.
 
 A server's dialect is learned on its first structured request (each tried in this order until one
 is not refused) and remembered per base URL for the life of the process; the log says which one.
@@ -22,8 +24,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DIALECTS = ("json_schema", "json_object", "guided_json", "unconstrained")
-# Answers to the unconstrained dialect that may be asked for before the last one is kept.
-MAX_UNCONSTRAINED_TRIES = 3
+# Answers that may be asked for, in any dialect, before the last one is kept though it does not
+# follow the schema (remote.py checks each).
+MAX_ANSWER_TRIES = 3
 # Statuses that say nothing about the dialect: the key, the rate, the model are wrong whatever
 # the constraint looks like, so no other dialect is tried.
 NOT_A_DIALECT_STATUS = frozenset({401, 403, 404, 408, 429})

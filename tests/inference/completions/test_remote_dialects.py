@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from inference.completions.remote_dialects import MAX_UNCONSTRAINED_TRIES, dialect_memory
+from inference.completions.remote_dialects import MAX_ANSWER_TRIES, dialect_memory
 from inference.errors import CompletionInputError
 from inference.services import CompletionRequest, completion_generate
 
@@ -170,6 +170,20 @@ def test_a_server_with_no_constraint_is_checked_and_asked_again(use_server, capl
     assert "answer 1 of 3 is outside the schema" in caplog.text
 
 
+def test_a_constrained_answer_cut_short_is_asked_for_again(use_server, caplog):
+    """llama-cpp-python's server ends a stream early, empty, when another request arrives
+    (--interrupt_requests, on by default): a constraint the server takes is checked too."""
+    stub = StubServer("json_object", refusal_status=500, answers=["", '{"place": "park"}'])
+    caplog.set_level(logging.INFO, logger="inference")
+    with stub.serving() as base_url:
+        use_server(base_url)
+        dialect_memory().learn(base_url, "json_object")
+        completion = _decide()
+    assert json.loads(completion.text) == {"place": "park"}
+    assert stub.seen == ["json_object", "json_object"]
+    assert "(json_object): answer 1 of 3 is outside the schema (not JSON" in caplog.text
+
+
 def test_no_constraint_and_never_a_valid_answer_keeps_the_last_after_a_bounded_retry(
     use_server, caplog
 ):
@@ -179,7 +193,7 @@ def test_no_constraint_and_never_a_valid_answer_keeps_the_last_after_a_bounded_r
         dialect_memory().learn(base_url, "unconstrained")
         completion = _decide()
     assert completion.text == "no JSON here"
-    assert stub.seen == ["unconstrained"] * MAX_UNCONSTRAINED_TRIES
+    assert stub.seen == ["unconstrained"] * MAX_ANSWER_TRIES
     assert "none of 3 answers followed the schema" in caplog.text
 
 
@@ -222,7 +236,7 @@ def llama_cpp_server(model_path) -> Iterator[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
          "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-         "--n_ctx", "4096"],
+         "--n_ctx", "4096", "--interrupt_requests", "False"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}/v1"
