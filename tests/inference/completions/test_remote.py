@@ -1,12 +1,13 @@
 """The town pointed at an external OpenAI-compatible server: here our own /v1, served live by
-daphne with a real engine worker behind it (tests/inference/conftest.py's openai_server) — first
-completion_generate in this process, then a whole tick whose decisions run on a second worker that
-loads no engine and sends every prompt to that server."""
+daphne with a real engine worker behind it (tests/inference/conftest.py's openai_server, started
+once for the file) — first completion_generate in this process, then a whole tick whose decisions
+run on a second worker that loads no engine and sends every prompt to that server."""
 
 from __future__ import annotations
 
 import json
 import socket
+import uuid
 
 import jsonschema
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from inference.completions.remote import RemoteServerError
 from inference.errors import CompletionInputError
 from inference.services import Completion, CompletionRequest, completion_generate, completion_model
+from tests.conftest import worker_process_start
+from tests.inference.conftest import daphne_start
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Tick
@@ -41,9 +44,22 @@ def _generate(*, on_text=None, **request) -> Completion:
     return completion_generate(request=CompletionRequest(**request), on_text=on_text)
 
 
+@pytest.fixture(scope="module")
+def module_openai_server(django_db_setup, redis_url):
+    """openai_server's server and worker, started once for this file: its tests only send it
+    requests (each under its own cache salt or run), and three starts cost 13–18 s each."""
+    queue = f"test-{uuid.uuid4().hex[:12]}"
+    worker = worker_process_start(redis_url, queue, f"{queue}-0@{uuid.uuid4().hex[:6]}")
+    try:
+        with daphne_start(worker, redis_url) as base_url:
+            yield base_url, worker
+    finally:
+        worker.stop(timeout_s=5.0)
+
+
 @pytest.fixture
-def remote(openai_server, settings):
-    base_url, worker = openai_server
+def remote(module_openai_server, transactional_db, settings):
+    base_url, worker = module_openai_server
     settings.INFERENCE_OPENAI = {"base_url": base_url, "model": MODEL, "api_key": ""}
     return base_url, worker
 
@@ -100,12 +116,16 @@ def test_a_tick_decided_by_the_external_server(remote, celery_worker_process):
         env={"POKOMACHI_OPENAI_BASE_URL": base_url, "POKOMACHI_OPENAI_MODEL": MODEL}
     )
     assert "loads no engine" in town_worker.output()
-    run = services.run_create(town=demo_town_create(seed=0), nodes=[town_worker.queue])
+    # Five of the ten residents: one more than the run's concurrency (4), so a decision starts
+    # after others have computed the shared head; the whole town took twice as long.
+    run = services.run_create(
+        town=demo_town_create(seed=0), nodes=[town_worker.queue], num_residents=5
+    )
     run = services.run_start(run=run)
     tick = tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.05)
     assert tick.status == Tick.Status.DONE
     decisions = list(run.decisions.all())
-    assert len(decisions) == 10
+    assert len(decisions) == 5
     for d in decisions:
         value, error = decision_parse(decision=d)  # the server honoured the JSON schema
         assert d.status == Decision.Status.APPLIED and value is not None, (error, d.raw_output)
