@@ -29,8 +29,8 @@ def _stream_kinds(completion_id: str) -> list[str]:
     return [fields[b"kind"].decode() for _, fields in entries]
 
 
-def test_chunks_arrive_while_the_worker_decodes_and_add_up(openai_server):
-    base_url, _worker = openai_server
+def test_chunks_arrive_while_the_worker_decodes_and_add_up(module_openai_server, transactional_db):
+    base_url, _worker = module_openai_server
     client = _client(base_url)
     # Long enough (seconds, even for the tiny model) that the first text must reach the client
     # before the worker is done, however busy this machine is: 300 tokens, the first text after
@@ -65,8 +65,8 @@ def test_chunks_arrive_while_the_worker_decodes_and_add_up(openai_server):
     assert "done" in _stream_kinds(final.id)
 
 
-def test_a_stop_string_is_cut_and_never_streamed_in_part(openai_server):
-    base_url, _worker = openai_server
+def test_a_stop_string_is_cut_and_never_streamed_in_part(module_openai_server, transactional_db):
+    base_url, _worker = module_openai_server
     client = _client(base_url)
     params = {"model": MODEL, "messages": MESSAGES, "max_tokens": 40, "temperature": 0}
     full = client.chat.completions.create(**params).choices[0].message.content
@@ -79,6 +79,7 @@ def test_a_stop_string_is_cut_and_never_streamed_in_part(openai_server):
 
 
 def test_a_worker_killed_mid_stream_ends_it_with_an_error(openai_server):
+    # Its own server: it kills the worker (the other tests share one for the module).
     base_url, worker = openai_server
     stream = _client(base_url).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=1500, temperature=0, stream=True

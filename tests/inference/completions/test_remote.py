@@ -1,13 +1,12 @@
 """The town pointed at an external OpenAI-compatible server: here our own /v1, served live by
-daphne with a real engine worker behind it (tests/inference/conftest.py's openai_server, started
-once for the file) — first completion_generate in this process, then a whole tick whose decisions
+daphne with a real engine worker behind it (tests/inference/conftest.py's module_openai_server:
+one for the file) — first completion_generate in this process, then a whole tick whose decisions
 run on a second worker that loads no engine and sends every prompt to that server."""
 
 from __future__ import annotations
 
 import json
 import socket
-import uuid
 
 import jsonschema
 import pytest
@@ -15,8 +14,6 @@ import pytest
 from inference.completions.remote import RemoteServerError
 from inference.errors import CompletionInputError
 from inference.services import Completion, CompletionRequest, completion_generate, completion_model
-from tests.conftest import worker_process_start
-from tests.inference.conftest import daphne_start
 from town import services
 from town.demo import demo_town_create
 from town.models import Decision, Tick
@@ -44,21 +41,9 @@ def _generate(*, on_text=None, **request) -> Completion:
     return completion_generate(request=CompletionRequest(**request), on_text=on_text)
 
 
-@pytest.fixture(scope="module")
-def module_openai_server(django_db_setup, redis_url):
-    """openai_server's server and worker, started once for this file: its tests only send it
-    requests (each under its own cache salt or run), and three starts cost 13–18 s each."""
-    queue = f"test-{uuid.uuid4().hex[:12]}"
-    worker = worker_process_start(redis_url, queue, f"{queue}-0@{uuid.uuid4().hex[:6]}")
-    try:
-        with daphne_start(worker, redis_url) as base_url:
-            yield base_url, worker
-    finally:
-        worker.stop(timeout_s=5.0)
-
-
 @pytest.fixture
 def remote(module_openai_server, transactional_db, settings):
+    # One server for the file: its tests only send requests (each under its own cache salt or run).
     base_url, worker = module_openai_server
     settings.INFERENCE_OPENAI = {"base_url": base_url, "model": MODEL, "api_key": ""}
     return base_url, worker
