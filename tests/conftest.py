@@ -124,6 +124,34 @@ class WorkerProcess:
         self._reader.join(timeout=2)
 
 
+def worker_process_start(
+    redis_url: str,
+    queue: str,
+    hostname: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    concurrency: int = 4,
+    ready_timeout_s: float = 180.0,
+) -> WorkerProcess:
+    """A ready `celery worker` on `queue` (celery_worker_process's, for a fixture of wider scope
+    that stops it itself)."""
+    worker_env = child_env(
+        "pokosite.settings.test", redis_url, {"POKOMACHI_NODES": queue, **(env or {})}
+    )
+    argv = [
+        sys.executable, "-m", "celery", "-A", "pokosite", "worker",
+        "-Q", queue, "--pool", "threads", "--concurrency", str(concurrency),
+        "-n", hostname, "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+    worker = WorkerProcess(queue, hostname, argv, worker_env)
+    try:
+        worker.wait_ready(ready_timeout_s)
+    except BaseException:
+        worker.kill()
+        raise
+    return worker
+
+
 @pytest.fixture
 def celery_worker_process(
     redis_url: str, transactional_db: None, settings
@@ -142,17 +170,15 @@ def celery_worker_process(
         if queue not in settings.INFERENCE_NODES:
             settings.INFERENCE_NODES = [*settings.INFERENCE_NODES, queue]
         hostname = f"{queue}-{next(serial)}@{uuid.uuid4().hex[:6]}"
-        worker_env = child_env(
-            "pokosite.settings.test", redis_url, {"POKOMACHI_NODES": queue, **(env or {})}
+        worker = worker_process_start(
+            redis_url,
+            queue,
+            hostname,
+            env=env,
+            concurrency=concurrency,
+            ready_timeout_s=ready_timeout_s,
         )
-        argv = [
-            sys.executable, "-m", "celery", "-A", "pokosite", "worker",
-            "-Q", queue, "--pool", "threads", "--concurrency", str(concurrency),
-            "-n", hostname, "--loglevel", "INFO", "--without-mingle", "--without-gossip",
-        ]  # fmt: skip
-        worker = WorkerProcess(queue, hostname, argv, worker_env)
         started.append(worker)
-        worker.wait_ready(ready_timeout_s)
         return worker
 
     yield start

@@ -6,6 +6,11 @@ openai_server -> (base URL, WorkerProcess)
     metrics prefix, and gives up on a silent streaming worker after 3 s
     (POKOMACHI_STREAM_IDLE_TIMEOUT), so a killed worker shows quickly.
 
+module_openai_server -> (base URL, WorkerProcess)
+    The same, started once per test module, for a module whose tests only send it requests
+    (never one that kills or stops its worker). The tests still get no database of their own
+    from it: ask for `transactional_db` where they need one.
+
 daphne_start(worker, redis_url, env=None) -> context manager yielding the /v1 base URL
     The same server for a worker a test started itself (e.g. on the real model).
 """
@@ -21,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_processes import child_env, daphne_serving
+from tests.conftest import worker_process_start
 
 STREAM_IDLE_TIMEOUT_S = 3
 
@@ -50,3 +56,15 @@ def openai_server(celery_worker_process, redis_url):
     worker = celery_worker_process()
     with daphne_start(worker, redis_url) as base_url:
         yield base_url, worker
+
+
+@pytest.fixture(scope="module")
+def module_openai_server(django_db_setup, redis_url):
+    """openai_server once for the module: a start costs 13-20 s of a 2-core machine."""
+    queue = f"test-{uuid.uuid4().hex[:12]}"
+    worker = worker_process_start(redis_url, queue, f"{queue}-0@{uuid.uuid4().hex[:6]}")
+    try:
+        with daphne_start(worker, redis_url) as base_url:
+            yield base_url, worker
+    finally:
+        worker.stop(timeout_s=5.0)

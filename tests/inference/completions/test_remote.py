@@ -1,7 +1,7 @@
 """The town pointed at an external OpenAI-compatible server: here our own /v1, served live by
-daphne with a real engine worker behind it (tests/inference/conftest.py's openai_server) — first
-completion_generate in this process, then a whole tick whose decisions run on a second worker that
-loads no engine and sends every prompt to that server."""
+daphne with a real engine worker behind it (tests/inference/conftest.py's module_openai_server:
+one for the file) — first completion_generate in this process, then a whole tick whose decisions
+run on a second worker that loads no engine and sends every prompt to that server."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def _generate(*, on_text=None, **request) -> Completion:
 
 
 @pytest.fixture
-def remote(openai_server, settings):
-    base_url, worker = openai_server
+def remote(module_openai_server, transactional_db, settings):
+    # One server for the file: its tests only send requests (each under its own cache salt or run).
+    base_url, worker = module_openai_server
     settings.INFERENCE_OPENAI = {"base_url": base_url, "model": MODEL, "api_key": ""}
     return base_url, worker
 
@@ -100,12 +101,16 @@ def test_a_tick_decided_by_the_external_server(remote, celery_worker_process):
         env={"POKOMACHI_OPENAI_BASE_URL": base_url, "POKOMACHI_OPENAI_MODEL": MODEL}
     )
     assert "loads no engine" in town_worker.output()
-    run = services.run_create(town=demo_town_create(seed=0), nodes=[town_worker.queue])
+    # Five of the ten residents: one more than the run's concurrency (4), so a decision starts
+    # after others have computed the shared head; the whole town took twice as long.
+    run = services.run_create(
+        town=demo_town_create(seed=0), nodes=[town_worker.queue], num_residents=5
+    )
     run = services.run_start(run=run)
     tick = tick_run(run_id=run.pk, send=decision_send, owner="test", poll_s=0.05)
     assert tick.status == Tick.Status.DONE
     decisions = list(run.decisions.all())
-    assert len(decisions) == 10
+    assert len(decisions) == 5
     for d in decisions:
         value, error = decision_parse(decision=d)  # the server honoured the JSON schema
         assert d.status == Decision.Status.APPLIED and value is not None, (error, d.raw_output)
