@@ -1,8 +1,8 @@
 """deepseek-v4-tiny-random with its step metadata's use_kernels set (the sparse attention, the
-indexer's scores and the compressors' pooling in triton, interpreted) against the torch path: the logits and the entries
-a step writes, from the same history (written by the torch path: the interpreter takes about
-0.1 s per query), for a step of a prefill chunk, decodes mid-window, at a CSA window's close and
-at the first HCA window's."""
+indexer's scores and the compressors' pooling in triton, interpreted) against the torch path:
+the logits and the entries a step writes, from the same history (written by the torch path: the
+interpreter takes about 0.1 s per query), for a step of a prefill chunk, decodes mid-window, at a
+CSA window's close and at the first HCA window's."""
 
 from __future__ import annotations
 
