@@ -33,9 +33,9 @@ def test_v4_kernel_path_gives_the_torch_paths_greedy_tokens(monkeypatch):
         monkeypatch.setattr(module, name, counted)
     rng = random.Random(7)
     long = smollm2_tokens(rng, 136)
-    prompts = [long, smollm2_tokens(rng, 21), long[:128] + smollm2_tokens(rng, 5)]
+    prompts = [long, smollm2_tokens(rng, 6), long[:128] + smollm2_tokens(rng, 5)]
     params = SamplingParams(
-        max_tokens=3, temperature=0.0, ignore_eos=True, cache_salt=uuid.uuid4().hex
+        max_tokens=2, temperature=0.0, ignore_eos=True, cache_salt=uuid.uuid4().hex
     )
     outputs, cached = {}, {}
     for backend in ("torch", "triton"):
@@ -47,7 +47,7 @@ def test_v4_kernel_path_gives_the_torch_paths_greedy_tokens(monkeypatch):
         )  # fmt: skip
         try:
             assert engine.runner.metadata_builder.use_kernels == (backend == "triton")
-            first = engine.generate(prompts[:2], params)  # ragged: 136 and 21 tokens
+            first = engine.generate(prompts[:2], params)  # ragged: 136 and 6 tokens
             (shared,) = engine.generate(prompts[2:], params)  # the first's 128-token head
         finally:
             engine.shutdown()

@@ -1,8 +1,8 @@
-"""deepseek-v4-tiny-random with its step metadata's use_kernels set (the indexer's scores and the
-compressors' pooling in triton, interpreted) against the torch path: the logits and the entries
-a step writes, from the same history (written by the torch path: the interpreter takes about
-0.1 s per query), for a step of a prefill chunk, decodes mid-window, at a CSA window's close and
-at the first HCA window's."""
+"""deepseek-v4-tiny-random with its step metadata's use_kernels set (the sparse attention, the
+indexer's scores and the compressors' pooling in triton, interpreted) against the torch path:
+the logits and the entries a step writes, from the same history (written by the torch path: the
+interpreter takes about 0.1 s per query), for a step of a prefill chunk, decodes mid-window, at a
+CSA window's close and at the first HCA window's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference.engine.attention.attention_backend import GroupSpans, ScheduledSpan
-from inference.engine.kernels import v4_compress, v4_indexer
+from inference.engine.kernels import v4_compress, v4_indexer, v4_sparse_attention
 from inference.engine.models import load_model
 from inference.engine.models.deepseek_v4.tiny import NAME
 from tests.inference.engine.helpers import smollm2_tokens
@@ -50,12 +50,17 @@ def _run(model, state, prompts, parts, use_kernels: bool) -> torch.Tensor:
 
 def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
     calls = Counter()
-    for module, name in ((v4_indexer, "indexer_scores"), (v4_compress, "compress_pool")):
+    kernels = (
+        (v4_sparse_attention, "sparse_attention"),
+        (v4_indexer, "indexer_scores"),
+        (v4_compress, "compress_pool"),
+    )
+    for module, name in kernels:
         real = getattr(module, name)
 
-        def counted(*args, _real=real, _name=name):
+        def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] += 1
-            return _real(*args)
+            return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
     rng = random.Random(5)
@@ -74,7 +79,13 @@ def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
     (torch_logits, torch_state), (kernel_logits, kernel_state) = results[False], results[True]
     # Each CSA layer scores and pools (main + indexer); each HCA layer pools (the step closes
     # the window of the 128th token).
-    assert calls == {"indexer_scores": 2, "compress_pool": 2 * 2 + 2}
+    # Every layer attends with the kernel.
+    num_layers = model.config.num_layers
+    assert calls == {
+        "sparse_attention": num_layers,
+        "indexer_scores": 2,
+        "compress_pool": 2 * 2 + 2,
+    }
     torch.testing.assert_close(kernel_logits, torch_logits, atol=1e-4, rtol=1e-4)
     for name in ("csa_entries", "csa_index_entries", "hca_entries"):
         torch.testing.assert_close(
