@@ -5,9 +5,10 @@ needs_chromium
     Playwright or without Debian's chromium, saying how to install the one missing.
 
 web_server -> WebServer (a str: the base URL)
-    daphne on a free port serving pokosite.asgi on this test's database and on the channel layer
-    prefix of `isolated_channel_layer`; .log() is everything it printed (to a file: a pipe
-    nobody reads would fill up and stall it).
+    daphne on a free port serving pokosite.asgi on the test database and on a channel layer
+    prefix of its own, which this process's layer uses too for the test; one daphne per test
+    module (the tests' transactional_db empties the database between them); .log() is
+    everything it printed (to a file: a pipe nobody reads would fill up and stall it).
 browser -> playwright Browser
     Debian's /usr/bin/chromium, headless, launched by Playwright (never a downloaded browser).
 open_town_page(opener, url, *, viewport, connected, until, errors, **new_page_kwargs) -> Page
@@ -35,12 +36,14 @@ import importlib.util
 import os
 import tempfile
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
+from pokosite.settings.base import channel_layers
 from tests.child_processes import child_env, daphne_serving
 from town import services
 from town.demo import demo_town_create
@@ -98,16 +101,26 @@ def off_loop(fn, /, **kwargs):
         return pool.submit(call).result()
 
 
-@pytest.fixture
-def web_server(request, redis_url: str, transactional_db, tmp_path):
-    """daphne (child_processes.daphne_serving) on this test's database and channel layer
-    prefix."""
-    channel_prefix = request.getfixturevalue("isolated_channel_layer")
+@pytest.fixture(scope="module")
+def _module_web_server(redis_url: str, django_db_setup, tmp_path_factory):
+    """daphne (child_processes.daphne_serving) on the test database, under a channel layer
+    prefix of its own, started once for a test module: its start-up (Django's imports) is
+    paid once, not by each test."""
+    channel_prefix = f"test-{uuid.uuid4().hex[:10]}"
     env = child_env(
         "tests.town.live_settings", redis_url, {"POKOMACHI_TEST_CHANNEL_PREFIX": channel_prefix}
     )
-    with daphne_serving(env, tmp_path / "daphne.log") as url:
-        yield url
+    with daphne_serving(env, tmp_path_factory.mktemp("daphne") / "daphne.log") as url:
+        yield url, channel_prefix
+
+
+@pytest.fixture
+def web_server(_module_web_server, redis_url: str, transactional_db, settings):
+    """The module's daphne, with this process's channel layer on its prefix (so the events a
+    test's ticks send reach its pages, and nothing of another test run on the same Redis)."""
+    url, channel_prefix = _module_web_server
+    settings.CHANNEL_LAYERS = channel_layers(redis_url, prefix=channel_prefix)
+    return url
 
 
 @pytest.fixture
@@ -153,12 +166,13 @@ def open_town_pages(opener, url: str, *, until: str) -> dict:
     }
 
 
-def demo_run_start():
-    """The demo town's run, started; sampled with a fixed seed: the same decisions every time,
-    and some of them "go". It touches the database: call it through off_loop."""
+def demo_run_start(concurrency: int = 4):
+    """The demo town's run, started, `concurrency` decisions sent at once; sampled with a fixed
+    seed: the same decisions every time, and some of them "go". It touches the database: call
+    it through off_loop."""
     return services.run_start(
         run=services.run_create(
-            town=demo_town_create(seed=0), concurrency=4, seed=4, temperature=1.0
+            town=demo_town_create(seed=0), concurrency=concurrency, seed=4, temperature=1.0
         )
     )
 

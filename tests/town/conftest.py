@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.town.browser_fixtures import browser, web_server  # noqa: F401 (fixtures)
+from tests.town.browser_fixtures import (  # noqa: F401 (fixtures)
+    _module_web_server,
+    browser,
+    web_server,
+)
 from town.demo import demo_town_create
 
 

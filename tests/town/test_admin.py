@@ -194,7 +194,7 @@ def test_run_control_actions_report_refusals(admin_client, db):
 
 
 def _ticks_inline(run: Run, num_ticks: int) -> None:
-    send = InlineSend(max_workers=4)
+    send = InlineSend(max_workers=run.concurrency)
     try:
         for _ in range(num_ticks):
             tick_run(run_id=run.pk, send=send, owner="test", poll_s=0.05)
@@ -204,8 +204,8 @@ def _ticks_inline(run: Run, num_ticks: int) -> None:
 
 @needs_chromium
 def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp_path):
-    """Two real runs (the tiny model, computed in this process), then the run page and the
-    compare page in chromium: every chart canvas has drawn something."""
+    """Two real runs of a tick each (the tiny model, computed in this process), then the run
+    page and the compare page in chromium: every chart canvas has drawn something."""
     from playwright.sync_api import sync_playwright
 
     from town.demo import demo_town_create
@@ -213,9 +213,11 @@ def test_charts_and_compare_table_drawn_in_chromium(live_server, admin_user, tmp
     town = demo_town_create(seed=0)
     runs = []
     for layout in ["naive", "shared_head"]:
-        run = services.run_create(town=town, nodes=["local"], layout=layout, concurrency=4)
+        # All ten residents' decisions of a tick in one batch: one wave of decode steps a tick,
+        # not three (the charts draw the same series either way).
+        run = services.run_create(town=town, nodes=["local"], layout=layout, concurrency=10)
         services.run_start(run=run)
-        _ticks_inline(run, 2)
+        _ticks_inline(run, 1)
         runs.append(run)
     out_dir = Path(os.environ.get("POKOMACHI_SCREENSHOT_DIR") or tmp_path)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -204,7 +204,7 @@ def test_the_live_page_draws_the_town_follows_ticks_and_survives_reconnects(web_
 
 @pytest.mark.usefixtures("fresh_engine")
 def test_the_live_page_fits_a_phone_screen(web_server, browser):
-    run = off_loop(demo_run_start)
+    run = off_loop(demo_run_start, concurrency=10)  # the tick's ten decisions in one batch
     TickInBackground(run, gated=False).join()
     page = open_town_page(
         browser,

@@ -104,7 +104,9 @@ def _tick_events(run) -> list[str]:
 
 def test_each_decision_shows_as_it_lands_and_the_pages_fit_a_phone(web_server, browser):
     with engine_configured():  # a fresh engine: this test's decisions depend on it alone
-        run = off_loop(demo_run_start)
+        # All ten decisions sent at once: once the first is shown, the other nine are computed
+        # in one batch, not in waves of four.
+        run = off_loop(demo_run_start, concurrency=10)
         context = browser.new_context()
         context.add_cookies([_staff_cookie(web_server)])
         pages = open_town_pages(
@@ -119,7 +121,7 @@ def test_each_decision_shows_as_it_lands_and_the_pages_fit_a_phone(web_server, b
         # feeds, with the same words, while the others think and the tick is not over.
         tick = TickInBackground(run, gated=True)
         for page in pages.values():
-            page.wait_for_function("townView.map.stats.thinkingDrawn === 4", timeout=30_000)
+            page.wait_for_function("townView.map.stats.thinkingDrawn === 10", timeout=30_000)
         tick.send.release(1)
         for name, page in pages.items():
             page.wait_for_function("townView.answeredEvents === 1", timeout=60_000)
