@@ -3,10 +3,12 @@ experts held here, sorted by expert and padded to (experts hit, most pairs an ex
 hidden); gate/up as one batched matmul, SwiGLU with V4's clamp, down as another, then each
 pair's output weighted and summed into its token (index_add).
 
-Dense (moe.Experts) and packed (packed.experts.Fp4Experts) experts share it: they differ only in
-how a group of experts' weights is had (a view, or FP4 dequantized to fp32). The experts hit are
-taken in chunks whose weights stay under WEIGHT_BUDGET values, so a prefill that routes to every
-expert of a large model never materializes all of them at once; a decode step is one chunk.
+Dense experts (moe.Experts) are had as views: `grouped_swiglu` takes the experts hit in chunks
+whose weights stay under WEIGHT_BUDGET values, so a prefill that routes to every expert of a
+large model never materializes all of them at once; a decode step is one chunk. Packed experts
+on the CPU (packed.experts.Fp4Experts) are never had whole: `swiglu_per_expert` hands each
+expert's rows to the caller's matmuls, which read the packed bytes a tile at a time
+(packed/cpu_tiles.py).
 """
 
 from __future__ import annotations
@@ -78,8 +80,33 @@ def grouped_swiglu(
         rows[places] = x[tokens].to(dtype)
         gate_up, down = weights_of(groups.experts[lo:hi])
         h = torch.bmm(rows.view(hi - lo, capacity, -1), gate_up.to(dtype).transpose(1, 2))
-        gate, up = h.chunk(2, dim=-1)  # (G, C, I) each
-        h = F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+        h = clamped_swiglu(h, limit)  # (G, C, I)
         y = torch.bmm(h, down.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
         out.index_add_(0, tokens, y * groups.weights[pairs, None].to(dtype))
     return out
+
+
+def swiglu_per_expert(
+    x: torch.Tensor,  # (T, hidden)
+    groups: ExpertGroups,
+    gate_up: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, (n, hidden)) → (n, 2I)
+    down: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, (n, I)) → (n, hidden)
+    limit: float,
+) -> torch.Tensor:
+    """(T, hidden) fp32: grouped_swiglu's sum, one expert hit at a time through the caller's
+    matmuls (`expert` a local id)."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    pair_starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
+    for i, expert in enumerate(groups.experts.tolist()):
+        pairs = slice(pair_starts[i], pair_starts[i + 1])
+        tokens = groups.tokens[pairs]
+        h = clamped_swiglu(gate_up(expert, x[tokens].float()), limit)
+        y = down(expert, h)
+        out.index_add_(0, tokens, y * groups.weights[pairs, None].float())
+    return out
+
+
+def clamped_swiglu(h: torch.Tensor, limit: float) -> torch.Tensor:
+    """(..., 2I) gate then up → (..., I): SwiGLU with V4's clamp (gate ≤ limit, |up| ≤ limit)."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)

@@ -64,3 +64,30 @@ def test_fp4_experts_equal_a_dense_loop_over_the_experts_they_hold():
     torch.testing.assert_close(
         upper(x, masked, weights * mine), experts(x, masked, weights * mine), rtol=1e-6, atol=1e-6
     )
+
+
+def test_the_cpu_tiles_cover_every_row_when_tiles_end_inside_blocks(monkeypatch):
+    """Tiles of 7 rows (so tiles end inside 128-row blocks and the last tile is partial): the
+    tiled products equal the dequantized weights' for FP8 (float and e8m0 scales, a range of
+    rows) and FP4."""
+    from inference.engine.models.packed import cpu_tiles
+
+    monkeypatch.setattr(cpu_tiles, "TILE_VALUES", 7 * 300)
+    generator = torch.Generator().manual_seed(2)
+    close = {"rtol": 1e-4, "atol": 1e-4}  # the same values summed by another matmul
+    weight, scale = quantize_fp8(torch.randn(200, 300, generator=generator))
+    x = torch.randn(3, 300, generator=generator)
+    dense = dequantize_fp8(weight, scale)
+    torch.testing.assert_close(cpu_tiles.fp8_linear(x, weight, scale), x @ dense.T, **close)
+    rows = range(120, 190)  # across the first row block's end
+    torch.testing.assert_close(
+        cpu_tiles.fp8_linear(x, weight, scale, rows), x @ dense[120:190].T, **close
+    )
+    exponents = torch.randint(118, 124, scale.shape, dtype=torch.uint8, generator=generator)
+    torch.testing.assert_close(
+        cpu_tiles.fp8_linear(x, weight, exponents), x @ dequantize_fp8(weight, exponents).T, **close
+    )
+    packed, fp4_scale = quantize_fp4(torch.randn(45, 320, generator=generator))
+    x = torch.randn(4, 320, generator=generator)
+    expected = x @ dequantize_fp4(packed, fp4_scale).T
+    torch.testing.assert_close(cpu_tiles.fp4_linear(x, packed, fp4_scale), expected, **close)

@@ -10,8 +10,8 @@ experts this rank holds, not a module per expert:
 `expert_ids` is the contiguous range of the model's experts held here (all of them, or one
 rank's share under expert parallelism); tokens routed elsewhere are another rank's to compute.
 
-CPU: the experts the step routes to dequantized together and computed in fp32 as one grouped
-computation (grouped_experts; the output a model holding the dequantized values gives).
+CPU: each expert the step routes to, in turn, multiplied a tile of rows at a time straight from
+its packed bytes (cpu_tiles; the output a model holding the dequantized values gives).
 CUDA: the tokens sorted by expert and two launches of triton's `fp4_grouped_matmul`
 (kernels/quantized_matmul.py).
 """
@@ -22,7 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.models.grouped_experts import group_by_expert, grouped_swiglu
+from inference.engine.models.grouped_experts import (
+    clamped_swiglu,
+    group_by_expert,
+    swiglu_per_expert,
+)
+from inference.engine.models.packed.cpu_tiles import fp4_linear
 from inference.engine.models.packed.formats import FP4_GROUP, check_fp4, dequantize_fp4
 
 PROJECTIONS = ("w1", "w3", "w2")  # DeepSeek's per-expert names: gate, up, down
@@ -104,16 +109,14 @@ class Fp4Experts(nn.Module):
         if x.is_cuda:
             return self._grouped(x, indices, weights)
         groups = group_by_expert(indices, weights, self.expert_ids)
-        size = 3 * self.hidden * self.intermediate
-        out = grouped_swiglu(x, groups, self._dequantized_of, size, self.limit, torch.float32)
+        out = swiglu_per_expert(x, groups, self._gate_up, self._down, self.limit)
         return out.to(x.dtype)
 
-    def _dequantized_of(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 gate_up (G, 2I, D) and down (G, D, I) of the local `experts`."""
-        return (
-            dequantize_fp4(self.gate_up[experts], self.gate_up_scale[experts]),
-            dequantize_fp4(self.down[experts], self.down_scale[experts]),
-        )
+    def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return fp4_linear(x, self.gate_up[expert], self.gate_up_scale[expert])
+
+    def _down(self, expert: int, h: torch.Tensor) -> torch.Tensor:
+        return fp4_linear(h, self.down[expert], self.down_scale[expert])
 
     def _grouped(self, x, indices, weights) -> torch.Tensor:
         from inference.engine.kernels.quantized_matmul import fp4_grouped_matmul
@@ -129,8 +132,7 @@ class Fp4Experts(nn.Module):
         offsets = F.pad(counts.cumsum(0), (1, 0))  # (experts + 1,)
         tokens = pairs // top_k
         h = fp4_grouped_matmul(x[tokens], offsets, self.gate_up, self.gate_up_scale)  # (P, 2I)
-        gate, up = h.chunk(2, dim=-1)
-        h = F.silu(gate.clamp(max=self.limit)) * up.clamp(min=-self.limit, max=self.limit)
+        h = clamped_swiglu(h, self.limit)
         y = fp4_grouped_matmul(h.to(x.dtype), offsets, self.down, self.down_scale)  # (P, D)
         y = y * weights.flatten()[pairs, None].float()
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

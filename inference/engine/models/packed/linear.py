@@ -5,17 +5,17 @@ The bytes are kept under integer dtypes (the weight as uint8, an fp32 scale grid
 viewed back at use: `Module.to(dtype)` (the runner's cast to the compute dtype) converts every
 floating tensor, and must neither widen the FP8 bytes nor round the scales to bf16.
 
-CPU: each call dequantizes the weight and computes in fp32, so the output is the one a model
-holding the dequantized values gives. CUDA: triton's `fp8_block_linear` (kernels/
-quantized_matmul.py) dequantizes tiles in registers.
+CPU: each call multiplies a tile of rows at a time straight from the FP8 bytes, in fp32
+(cpu_tiles), so the output is the one a model holding the dequantized values gives. CUDA:
+triton's `fp8_block_linear` (kernels/quantized_matmul.py) dequantizes tiles in registers.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.models.packed.cpu_tiles import fp8_linear
 from inference.engine.models.packed.formats import FP8_BLOCK, check_fp8, dequantize_fp8
 
 
@@ -87,7 +87,9 @@ class Fp8Linear(nn.Module):
             rows = x.reshape(-1, self.in_features)  # (M, in)
             out = fp8_block_linear(rows, self.fp8_weight(), self.scale_grid(), block=FP8_BLOCK)
             return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return F.linear(x.float(), self.dequantized()).to(x.dtype)
+        rows = x.reshape(-1, self.in_features).float()
+        out = fp8_linear(rows, self.fp8_weight(), self.scale_grid())
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         kind = "e8m0" if self.scale_is_e8m0 else "fp32"
@@ -119,7 +121,11 @@ class Fp8GroupedLinear(Fp8Linear):
                 for g in range(self.n_groups)
             ]
             return torch.cat(outs, dim=-1).to(x.dtype)  # (T, groups · out)
-        w = self.dequantized().to(x.dtype if x.is_cuda else torch.float32)
-        w = w.view(self.n_groups, -1, x.shape[-1]).transpose(1, 2)  # (G, in, out/G)
-        xs = x.transpose(0, 1).to(w.dtype)  # (G, T, in)
-        return torch.bmm(xs, w).transpose(0, 1).flatten(1).to(x.dtype)
+        if x.is_cuda:
+            w = self.dequantized().to(x.dtype)
+            w = w.view(self.n_groups, -1, x.shape[-1]).transpose(1, 2)  # (G, in, out/G)
+            return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
+        weight, scale = self.fp8_weight(), self.scale_grid()
+        groups = [range(g * rows_per_group, (g + 1) * rows_per_group) for g in range(self.n_groups)]
+        outs = [fp8_linear(x[:, g].float(), weight, scale, rows) for g, rows in enumerate(groups)]
+        return torch.cat(outs, dim=-1).to(x.dtype)  # (T, groups · out)
