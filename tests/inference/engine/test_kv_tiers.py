@@ -14,10 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
 from inference.engine.kv.hashing import extra_keys, hash_request_blocks
 from inference.engine.kv.tiers.block_file import FORMAT_VERSION, decode_block, encode_block
+from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.state import DeepseekV4State
+from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
 from inference.engine.request import Request
 from tests.inference.engine.helpers import (
     ROUNDING,
@@ -302,30 +306,97 @@ def test_gemma3_resumes_from_disk_where_the_device_pool_would(tmp_path, interval
     assert from_disk.token_ids == from_pool.token_ids
 
 
-def test_deepseek_v4_refuses_tiers_with_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="compressed state"):
-        LLMEngine(
-            EngineConfig(
-                model="deepseek-v4-tiny-random", num_kv_blocks=128, kv_disk_cache_dir=str(tmp_path)
-            )
-        )
+V4 = dict(
+    model="deepseek-v4-tiny-random",
+    num_kv_blocks=30,  # one 310-token prompt holds 20
+    max_num_batched_tokens=128,
+    kv_disk_cache_key=KEY,
+    **ROUNDING,
+)
 
 
-def test_where_supported_deepseek_v4_runs_without_the_tiers(tmp_path):
-    config = EngineConfig(
-        model="deepseek-v4-tiny-random",
-        num_kv_blocks=128,
-        kv_disk_cache_dir=str(tmp_path),
-        kv_tiers_where_supported=True,
-    )
-    engine = LLMEngine(config)
+def test_deepseek_v4_resumes_from_host_memory_and_disk_as_a_cold_engine_answers(tmp_path):
+    """A 300-token head (past the 128-token window and the first HCA window): the tiers hold
+    its compressed entries (full group) and the window checkpoint at 288 (sliding group: K=V
+    and compressor inputs, HCA's 32-token buffer among them). Resumed from host memory, then
+    from disk in a fresh engine, a prompt answers as an engine that computes everything."""
+    rng = random.Random(71)
+    head = smollm2_tokens(rng, 300)
+    first, second = head + smollm2_tokens(rng, 10), head + smollm2_tokens(rng, 12)
+    cold = LLMEngine(EngineConfig(**V4, enable_prefix_caching=False))
     try:
-        assert engine.offloader is None
-        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        assert len(engine.generate([[5, 6, 7, 8]], params)[0].token_ids) == 3
+        expected = cold.generate([second], GREEDY)[0].token_ids
+    finally:
+        cold.shutdown()
+    engine = LLMEngine(
+        EngineConfig(**V4, kv_disk_cache_dir=str(tmp_path), kv_host_cache_bytes=16 << 20)
+    )
+    try:
+        engine.generate([first], GREEDY)
+        # Two other prompts push the head's blocks out of the 30-block pool.
+        engine.generate([smollm2_tokens(rng, 300)], GREEDY)
+        engine.generate([smollm2_tokens(rng, 300)], GREEDY)
+        assert engine.flush_kv_tiers()
+        from_host = engine.generate([second], GREEDY)[0]
     finally:
         engine.shutdown()
-    assert not any(tmp_path.iterdir())
+    assert from_host.metrics.num_cached_tokens == 288
+    assert from_host.metrics.num_cached_tokens_host == 288
+    assert from_host.token_ids == expected
+    reader = LLMEngine(EngineConfig(**V4, kv_disk_cache_dir=str(tmp_path)))
+    try:
+        from_disk = reader.generate([second], GREEDY)[0]
+        stats = reader.stats().kv_tiers["disk"]
+    finally:
+        reader.shutdown()
+    # The whole of `second` computed above: its 19 full-group blocks and the window blocks
+    # (8, 128 tokens) of its checkpoint at 304, where HCA's buffer holds 48 tokens.
+    assert from_disk.metrics.num_cached_tokens_disk == 304 == from_disk.metrics.num_cached_tokens
+    assert stats.num_hits == 19 + 8 and stats.num_invalid == 0
+    assert from_disk.token_ids == expected
+
+
+def test_deepseek_v4_blocks_read_and_written_elsewhere_hold_the_same_state():
+    """read_blocks → write_blocks to other block ids reproduces every row the blocks own (the
+    tiers' round trip, with the payload cut per block and joined again as the offloader does),
+    and touches no other block."""
+    config = DeepseekV4Config.from_hf_config({**TINY_CONFIG, "vocab_size": 512})
+    state = DeepseekV4State(config, 8, 8, 16, torch.float32, torch.device("cpu"))
+    tensors = (
+        state.window,
+        state.csa_projections,
+        state.hca_projections,
+        state.csa_entries,
+        state.csa_index_entries,
+        state.hca_entries,
+    )
+    generator = torch.Generator().manual_seed(0)
+    for tensor in tensors:
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    before = [tensor.clone() for tensor in tensors]
+    src, dst = [3, 1], [5, 0]
+    for group in ("full", "sliding"):
+        payload = state.read_blocks(group, src)
+        assert payload.device.type == "cpu"
+        blocks = [payload[:, i * 16 : (i + 1) * 16] for i in range(len(src))]
+        assert all(tuple(b.shape) == state.block_shape(group) for b in blocks)
+        state.write_blocks(group, dst, torch.cat(blocks, dim=1))
+    per_block = {  # rows a block owns in each tensor (slots; CSA entries; an HCA slot)
+        id(state.window): 16,
+        id(state.csa_projections): 16,
+        id(state.hca_projections): 16,
+        id(state.csa_entries): 4,
+        id(state.csa_index_entries): 4,
+        id(state.hca_entries): 1,
+    }
+    for tensor, old in zip(tensors, before, strict=True):
+        rows = per_block[id(tensor)]
+        expected = old.clone()
+        for s, d in zip(src, dst, strict=True):
+            expected[:, d * rows : (d + 1) * rows] = old[:, s * rows : (s + 1) * rows]
+        assert torch.equal(tensor, expected)
+    with pytest.raises(ValueError, match="payload of shape"):
+        state.write_blocks("full", [2], state.read_blocks("full", [1, 2]))
 
 
 @pytest.mark.real_model
