@@ -89,9 +89,9 @@ class CacheConfig:
     # recomputes (a stuck network mount, a file that never answers); reads failing in a row
     # turn the disk tier off (kv/tiers/disk_tier).
     kv_disk_load_timeout_s: float = 5.0
-    # Where the tiers cannot store an engine's KV yet (a tensor-parallel engine's shards,
-    # DeepSeek-V4's compressed state): False refuses such an engine; True runs it without the
-    # tiers and logs why (a deployment default that should not stop a worker from starting).
+    # Where the tiers cannot store an engine's KV yet (a tensor-parallel engine's shards):
+    # False refuses such an engine; True runs it without the tiers and logs why (a deployment
+    # default that should not stop a worker from starting).
     kv_tiers_where_supported: bool = False
 
     def __post_init__(self) -> None:

@@ -247,8 +247,8 @@ INFERENCE_ENGINE.update(env_tensor_parallel())
 # Unset: var/kv-cache, so `make run` finds its prefixes again after a restart. A host-memory
 # tier (POKOMACHI_KV_HOST_BYTES) sits between the device pool and the disk.
 # Unset, the engine runs without the tiers where they cannot store its KV yet (a
-# tensor-parallel engine's shards, DeepSeek-V4's compressed state) and logs why; set
-# explicitly, such an engine refuses to start.
+# tensor-parallel engine's shards) and logs why; set explicitly, such an engine refuses to
+# start.
 _kv_disk_dir = env_str("POKOMACHI_KV_DISK_DIR", "") or str(VAR_DIR / "kv-cache")
 INFERENCE_ENGINE.update(
     kv_disk_cache_dir=None if _kv_disk_dir.lower() == "off" else _kv_disk_dir,

@@ -108,7 +108,7 @@ def test_base_defaults_are_the_embedded_setup(tmp_path):
         "kv_disk_cache_bytes": 20 << 30,
         "kv_disk_cache_ttl_s": 3 * 86400.0,
         "kv_host_cache_bytes": 0,
-        # a default: an engine the tiers cannot hold (DeepSeek-V4, tensor parallel) runs without
+        # a default: an engine the tiers cannot hold (a tensor-parallel one) runs without
         "kv_tiers_where_supported": True,
         "weights": "auto",
         "kv_cache_dtype": "bfloat16",  # 98% of fp32's decisions, half the bytes

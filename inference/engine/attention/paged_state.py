@@ -47,6 +47,21 @@ class PagedState(Protocol):
         from its source block to its destination; every source is read before any write."""
         ...
 
+    # The KV tiers' reads and writes (kv/tiers): a block's state as one payload whose dim 1
+    # has block_size rows (the tiers cut and join payloads there), on the CPU.
+
+    def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
+        """A copy of these blocks' state in the group: block i is [:, i*B:(i+1)*B]."""
+        ...
+
+    def write_blocks(self, group: str, block_ids: list[int], payload: torch.Tensor) -> None:
+        """Put what read_blocks gave (same shape) into these blocks of the group."""
+        ...
+
+    def block_shape(self, group: str) -> tuple[int, ...]:
+        """One block's payload in a group, as read_blocks gives it for one block."""
+        ...
+
 
 class PagedStateSpec(Protocol):
     """What a model's paged state is, from its config alone (no weights, no device)."""

@@ -156,8 +156,7 @@ class ModelRunner:
         in every layer of its group (full or sliding)."""
         self.state.copy_blocks(copies)
 
-    # The KV tiers' reads and writes, of a state that has them (plain paged K/V:
-    # spec.kv_tiers_unsupported is None).
+    # The KV tiers' reads and writes (the PagedState's own, whatever its layout).
 
     @torch.inference_mode()
     def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:

@@ -60,7 +60,7 @@ class BlockLayout:
     model_fingerprint: str
     group: str  # "full" or "sliding"
     block_size: int
-    shape: tuple[int, ...]  # the payload's: (num_layers * 2, block_size, n_kv_heads, head_dim)
+    shape: tuple[int, ...]  # the payload's, as the paged state's block_shape gives it
     dtype: str  # torch dtype name, e.g. "float32"
 
     @property

@@ -16,8 +16,9 @@ attention is sliding-window only (the checkpoint has no compressor or indexer fo
 Its state: the block's own sliding-window K=V, one more row of the sliding group's window
 tensor (deepseek_v4.state), kept by position like every layer's, so copies, checkpoints and
 released windows cover it with no code of its own. The K=V at p depends on t_{p+1}: a window
-resumed from the prefix cache may hold, at the last position of a cached block, the K=V of
-another continuation. That can only change a draft, never the output (drafts are verified).
+resumed from the prefix cache (or the KV tiers) may hold, at the last position of a cached
+block, the K=V of another continuation. That can only change a draft, never the output
+(drafts are verified).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ overlap < 8), so:
 
 Copy-on-write of a partial block (token-exact reuse at P inside a block) copies the first
 P mod B slots of the window tensors and the entries of the windows that end before P.
+
+The KV tiers (kv/tiers) store a block of either group as one opaque payload (1, B, width):
+every row the block owns in each of its group's tensors, flattened and padded to a multiple
+of B (the tiers cut payloads into blocks along dim 1). An HCA slot of a block that closes no
+window holds nothing the model reads; it travels with the block all the same.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class LayerState:
 
 
 class DeepseekV4State:
-    """The stacked tensors of every layer's state, and their copy-on-write."""
+    """The stacked tensors of every layer's state, their copy-on-write, and the KV tiers'
+    block reads and writes."""
 
     def __init__(
         self,
@@ -128,6 +134,65 @@ class DeepseekV4State:
             copy_slots_reference(
                 self.hca_entries, src.to(self.hca_entries.device), dst.to(self.hca_entries.device)
             )
+
+    def read_blocks(self, group: str, block_ids: list[int]) -> torch.Tensor:
+        """A copy of these blocks' state in the group, on the CPU: (1, len(block_ids) * B,
+        width), each block's B rows its own payload."""
+        num = len(block_ids)
+        parts = []
+        for cache, rows, per_block in self._block_rows(group, block_ids):
+            layers, _, dim = cache.shape
+            picked = cache.index_select(1, rows.to(cache.device))  # (L, n * k, d)
+            picked = picked.view(layers, num, per_block, dim).transpose(0, 1)  # (n, L, k, d)
+            parts.append(picked.reshape(num, layers * per_block * dim))
+        flat = torch.cat(parts, dim=1)  # (n, F): every value the blocks own
+        width = self.block_shape(group)[2]
+        flat = torch.nn.functional.pad(flat, (0, self.block_size * width - flat.shape[1]))
+        return flat.view(1, num * self.block_size, width).to("cpu")
+
+    def write_blocks(self, group: str, block_ids: list[int], payload: torch.Tensor) -> None:
+        """Put what read_blocks gave (same shape) into these blocks of the group."""
+        num = len(block_ids)
+        expected = (1, num * self.block_size, self.block_shape(group)[2])
+        if tuple(payload.shape) != expected:
+            raise ValueError(f"payload of shape {tuple(payload.shape)}, expected {expected}")
+        flat = payload.reshape(num, self.block_size * expected[2])  # (n, B * width)
+        start = 0
+        for cache, rows, per_block in self._block_rows(group, block_ids):
+            layers, _, dim = cache.shape
+            end = start + layers * per_block * dim
+            part = flat[:, start:end].reshape(num, layers, per_block, dim)
+            start = end
+            values = part.transpose(0, 1).reshape(layers, num * per_block, dim)
+            values = values.to(device=cache.device, dtype=cache.dtype)
+            cache.index_copy_(1, rows.to(cache.device), values)
+
+    def block_shape(self, group: str) -> tuple[int, ...]:
+        """One block's payload in a group, as read_blocks gives it for one block."""
+        values = sum(
+            cache.shape[0] * per_block * cache.shape[2]
+            for cache, _, per_block in self._block_rows(group, [])
+        )
+        return (1, self.block_size, -(-values // self.block_size))
+
+    def _block_rows(
+        self, group: str, block_ids: list[int]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Each tensor of the group, the rows these blocks own in it (block by block) and how
+        many rows a block owns."""
+        size, per_block = self.block_size, self.csa_entries_per_block
+        if group == "sliding":
+            slots = _index([b * size + i for b in block_ids for i in range(size)])
+            caches = (self.window, self.csa_projections, self.hca_projections)
+            return [(cache, slots, size) for cache in caches]
+        if group == "full":
+            entries = _index([b * per_block + i for b in block_ids for i in range(per_block)])
+            return [
+                (self.csa_entries, entries, per_block),
+                (self.csa_index_entries, entries, per_block),
+                (self.hca_entries, _index(block_ids), 1),
+            ]
+        raise ValueError(f"DeepSeek-V4's state has no KV group {group!r} (full or sliding)")
 
 
 def check_block_size(config: DeepseekV4Config, block_size: int) -> None:

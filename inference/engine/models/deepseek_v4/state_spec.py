@@ -32,10 +32,8 @@ class DeepseekV4StateSpec:
     # Their grids follow each step's tables (rows per query, entries closing): not recorded.
     can_capture_cuda_graphs = False
     has_window_budget = True
-    kv_tiers_unsupported = (
-        "keeps its own compressed state (DeepSeek-V4), which the KV tiers do not store yet; "
-        "use them with llama-family or Gemma 3 models"
-    )
+    # The tiers store both groups' blocks as DeepseekV4State.read_blocks gives them.
+    kv_tiers_unsupported = None
 
     @property
     def layer_types(self) -> tuple[str, ...]:
