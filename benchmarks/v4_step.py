@@ -44,12 +44,15 @@ BOUND = 1.25  # issue 35: step(n) / step(1) ≤ BOUND × bytes(n) / bytes(1)
 # ---- the checkpoint -----------------------------------------------------------------------
 
 
-def checkpoint_config(size: str, num_layers: int | None = None) -> dict:
-    """The config.json of the `size` ("mid" | "tiny") checkpoint, cut to its first num_layers."""
+def checkpoint_config(size: str, num_layers: int | None = None, tokenizer: bool = False) -> dict:
+    """The config.json of the `size` ("mid" | "tiny") checkpoint, cut to its first num_layers;
+    with `tokenizer`, its vocabulary the bundled tokenizer's."""
     from benchmarks.load_checkpoint import mid_config
-    from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
+    from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG, with_tokenizer
 
     config = mid_config() if size == "mid" else {**TINY_CONFIG, "vocab_size": 512}
+    if tokenizer:
+        config = with_tokenizer(config)
     total = config["num_hidden_layers"]
     if num_layers is None:
         return config
@@ -59,12 +62,14 @@ def checkpoint_config(size: str, num_layers: int | None = None) -> dict:
     return {**config, **cut, "num_hidden_layers": num_layers}
 
 
-def ensure_checkpoint(path: Path, config: dict) -> bool:
-    """Write the packed checkpoint of `config` into `path` unless one is there; True if written.
-    ValueError if the one there has another shape."""
+def ensure_checkpoint(path: Path, config: dict, tokenizer: bool = False) -> bool:
+    """Write the packed checkpoint of `config` into `path` unless one is there (with the
+    bundled tokenizer beside it if asked); True if written. ValueError if the one there has
+    another shape."""
     if (path / "config.json").is_file():
         held = json.loads((path / "config.json").read_text())
         keys = ("num_hidden_layers", "hidden_size", "n_routed_experts", "moe_intermediate_size")
+        keys += ("vocab_size",)
         if any(held.get(key) != config[key] for key in keys):
             raise ValueError(
                 f"{path} holds another checkpoint ({', '.join(f'{k} {held.get(k)}' for k in keys)})"
@@ -74,6 +79,10 @@ def ensure_checkpoint(path: Path, config: dict) -> bool:
     from inference.engine.models.deepseek_v4.packed_checkpoint import write_packed_checkpoint
 
     write_packed_checkpoint(path, config, seed=0)
+    if tokenizer:
+        from inference.engine.models.deepseek_v4.tiny import write_tokenizer
+
+        write_tokenizer(path)
     return True
 
 
@@ -311,7 +320,8 @@ def run(args: argparse.Namespace) -> V4StepResult:
     with tempfile.TemporaryDirectory(prefix="v4-step-") as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else Path(scratch)
         started = time.perf_counter()
-        if ensure_checkpoint(checkpoint, checkpoint_config(args.size, args.layers)):
+        config = checkpoint_config(args.size, args.layers, args.tokenizer)
+        if ensure_checkpoint(checkpoint, config, args.tokenizer):
             progress(f"v4-step: wrote {checkpoint} in {time.perf_counter() - started:.0f} s")
         engine = engine_for(
             checkpoint, args.device, max(in_flight), args.prompt_tokens, args.threads
@@ -383,6 +393,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=("mid", "tiny"), default="mid", help="config to write")
     parser.add_argument(
         "--layers", type=int, default=None, help="keep the config's first N layers (default all)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="write the bundled tokenizer (SmolLM2's) into the checkpoint, its vocabulary "
+        "sized to match, so that `benchmarks town --model DIR` can serve it",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--in-flight", default="1,4,8", help="comma-separated, starting at 1")

@@ -108,18 +108,36 @@ def tiny_checkpoint(seed: int = 0, cache_root: Path | None = None) -> Path:
 
 
 def _write_checkpoint(path: Path, seed: int) -> None:
-    tokenizer = Tokenizer.from_gguf_metadata(
-        read_metadata(open_gguf(gguf_path_for(TOKENIZER_MODEL)))
-    )
-    hf_config = {**TINY_CONFIG, "vocab_size": tokenizer.vocab_size}
-    hf_config["bos_token_id"] = tokenizer.bos_token_id
-    hf_config["eos_token_id"] = tokenizer.eos_token_id
+    hf_config = with_tokenizer(TINY_CONFIG)
     model = DeepseekV4ForCausalLM(DeepseekV4Config.from_hf_config(hf_config))
     _init_random(model, seed)
     save_file(
         {k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors")
     )
     (path / "config.json").write_text(json.dumps(hf_config, indent=2))
+    write_tokenizer(path)
+
+
+def bundled_tokenizer() -> Tokenizer:
+    """SmolLM2-135M's tokenizer, from its bundled GGUF."""
+    return Tokenizer.from_gguf_metadata(read_metadata(open_gguf(gguf_path_for(TOKENIZER_MODEL))))
+
+
+def with_tokenizer(hf_config: dict) -> dict:
+    """`hf_config` with the vocabulary and special tokens of the bundled tokenizer."""
+    tokenizer = bundled_tokenizer()
+    return {
+        **hf_config,
+        "vocab_size": tokenizer.vocab_size,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
+def write_tokenizer(path: Path) -> None:
+    """The bundled tokenizer and its chat template into checkpoint directory `path`, as a
+    Hugging Face checkpoint keeps them (tokenizer.json, tokenizer_config.json)."""
+    tokenizer = bundled_tokenizer()
     tokenizer._backend.save(str(path / "tokenizer.json"))
     vocab = tokenizer.vocab
     settings = {
