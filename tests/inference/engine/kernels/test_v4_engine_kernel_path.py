@@ -1,7 +1,8 @@
 """deepseek-v4-tiny-random through LLMEngine with attention_backend="triton" (V4's kernels,
 interpreted) against "torch": the same greedy tokens for a ragged batch, one prompt past the
 first HCA window (128 tokens) and the sliding window (128), one short, and a third that
-shares the first's head and resumes from its cached prefix."""
+shares the first's head and resumes from its cached prefix; and two prompts in a pool too small
+for both, one preempted and recomputed."""
 
 from __future__ import annotations
 
@@ -56,3 +57,25 @@ def test_v4_kernel_path_gives_the_torch_paths_greedy_tokens(monkeypatch):
     assert outputs["triton"] == outputs["torch"]
     assert cached["triton"] == cached["torch"] == 128, cached
     assert all(calls[name] > 0 for _, name in KERNELS), calls
+
+
+def test_v4_kernel_path_resumes_preempted_sequences_as_the_torch_path_does():
+    """Two prompts in a pool that cannot hold both as they decode: one is preempted and
+    recomputed; the kernel path's greedy tokens are the torch path's."""
+    rng = random.Random(11)
+    prompts = [smollm2_tokens(rng, 30), smollm2_tokens(rng, 30)]  # 34 tokens: 3 blocks each
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        engine = LLMEngine(
+            EngineConfig(
+                model=NAME, num_kv_blocks=5, max_num_batched_tokens=64, max_num_seqs=2,
+                enable_prefix_caching=False, attention_backend=backend,
+            )
+        )  # fmt: skip
+        try:
+            outputs[backend] = [o.token_ids for o in engine.generate(prompts, params)]
+            assert engine.stats().num_preemptions > 0, backend
+        finally:
+            engine.shutdown()
+    assert outputs["triton"] == outputs["torch"]
