@@ -41,7 +41,7 @@ def tiled_attention(
     """(tiles, size, H, D) in q's dtype: each query over the keys it reads, every part's
     together, K = V, the sinks in the softmax (a query that reads no key gets zeros)."""
     tiles, size, heads, _ = q.shape
-    qf = q.float()
+    qf = q.float() * scale  # scaled here, on fewer floats than the logits
     keys, logits = [], []
     for part in parts:
         # The pool's dtype as q's, then fp32: what the reference computes in.
@@ -54,11 +54,11 @@ def tiled_attention(
             scores = torch.matmul(qf, gathered.transpose(-1, -2))  # (tiles, size, H, K)
             masked = (part.rows < 0)[:, :, None, :]
         keys.append(gathered)
-        logits.append(scores.mul_(scale).masked_fill_(masked, float("-inf")))
+        logits.append(scores.masked_fill_(masked, float("-inf")))
     logits.append(sinks.float()[:, None].expand(tiles, size, heads, 1))
     combined = torch.cat(logits, dim=-1)  # (tiles, size, H, all keys + 1)
     probs = combined.softmax(dim=-1)
-    out = torch.zeros_like(qf)
+    out = torch.zeros_like(q, dtype=torch.float32)
     start = 0
     for part, gathered in zip(parts, keys, strict=True):
         width = gathered.shape[-2]
@@ -82,7 +82,7 @@ def tiled_indexer_scores(
     tiles, size, heads, _ = q.shape
     gathered = keys.pool[keys.rows.clamp(min=0)].float()  # (tiles, E, D)
     scores = torch.matmul(q.float().flatten(1, 2), gathered.transpose(1, 2))  # (tiles, size·H, E)
-    scores = F.relu(scores.view(tiles, size, heads, -1))
+    scores = F.relu(scores.view(tiles, size, heads, -1), inplace=True)
     weighted = weights.float()[:, :, None, :] * scale  # (tiles, size, 1, H)
     scores = torch.matmul(weighted, scores)[:, :, 0]  # (tiles, size, E): the heads summed
     return scores.masked_fill(~keys.mask, float("-inf"))
