@@ -1,7 +1,8 @@
 """Torch references of DeepSeek-V4's indexer and compressor kernels (v4_indexer.py,
-v4_compress.py), plain torch (importing this module does not import triton). They are also the
-torch path's one definition of that math: models/deepseek_v4/attention.py calls them when a step
-runs without kernels, so the kernels are tested against exactly what the CPU engine computes.
+v4_compress.py), plain torch (importing this module does not import triton). The compressor's
+is also the torch path's (models/deepseek_v4/attention.py calls it when a step runs without
+kernels); the indexer's scores run there a tile of queries at a time
+(deepseek_v4.tiled_attention), tested equal to this per-query definition.
 
 Pool rows and slots padded with the sentinel -1 are masked, never read as data.
 """

@@ -3,8 +3,10 @@ grouped output projection; CSA's overlapping compressor and lightning indexer; H
 It reads and writes the request state laid out in deepseek_v4.state, every sequence of the step
 in one batch: each query reads its own keys through the step's tables (deepseek_v4.step_tables),
 padded with -1 and masked, so no layer loops over sequences. The attention itself is
-kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels, else
-its torch reference (kernels/reference.py), which gathers the keys.
+kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels (and
+the indexer's scores v4_indexer.py's), reading each query's rows in place; else the torch path
+computes the same a tile of consecutive queries at a time (deepseek_v4.query_tiles,
+tiled_attention), each tile's keys gathered once.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from inference.engine.models.deepseek_v4.tiled_attention import (
     tiled_indexer_scores,
 )
 
-# A query chunk gathers its keys: (queries, keys, head_dim) floats at most about this many
-# (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
+# A chunk of queries (of tiles, on the torch path) reads at most about (queries, keys, head_dim)
+# floats this many (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
 GATHER_BUDGET = 1 << 24
 
 # ---- compressors ------------------------------------------------------------------------------
