@@ -50,7 +50,7 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     for _ in range(iters - 1):
         c /= c.sum(dim=1, keepdim=True).add_(eps)  # rows
         c /= c.sum(dim=0, keepdim=True).add_(eps)  # columns
-    return c.permute(2, 0, 1)  # (T, n, n)
+    return c.permute(2, 0, 1).contiguous()  # (T, n, n): mix's product is slow on the view
 
 
 class HyperHead(nn.Module):
