@@ -32,6 +32,7 @@ from inference.engine.models.deepseek_v4.step_tables import ClosingWindows
 from inference.engine.models.deepseek_v4.tiled_attention import (
     OwnKeys,
     SharedKeys,
+    gather_rows,
     tiled_attention,
     tiled_indexer_scores,
 )
@@ -252,24 +253,24 @@ class Attention(nn.Module):
         out = torch.empty_like(q)
         for lo in range(0, tiles.num_tiles, step):  # chunks of tiles, each over every sequence's
             chunk = slice(lo, lo + step)
-            rows = tiles.rows[chunk]  # (tiles, size)
-            safe = rows.clamp(min=0)  # a padded query computes row 0's, then is dropped
+            rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's, dropped
             parts = [SharedKeys(state.window, tiles.window_slots[chunk], tiles.window_mask[chunk])]
             if entries is not None:
                 shared = (entries.rows[chunk], entries.visible[chunk])
                 if self.kind == CSA:
                     picked = self.compressor.indexer.select_in_tiles(
-                        x[safe],
-                        q_residual[safe],
-                        (cos[safe], sin[safe]),
+                        gather_rows(x, rows),
+                        gather_rows(q_residual, rows),
+                        (gather_rows(cos, rows), gather_rows(sin, rows)),
                         SharedKeys(state.index_entries, *shared),
                     )
                     parts.append(OwnKeys(state.entries, picked))
                 else:
                     parts.append(SharedKeys(state.entries, *shared))
-            tiled = tiled_attention(q[safe], parts, self.sinks, self.scale)  # (tiles, size, H, D)
-            live = rows >= 0
-            out[rows[live]] = tiled[live]
+            q_tiled = gather_rows(q, rows)  # (tiles, size, H, D)
+            tiled = tiled_attention(q_tiled, parts, self.sinks, self.scale)
+            live = (rows >= 0).flatten()
+            out.index_copy_(0, rows.flatten()[live], tiled.flatten(0, 1)[live])
         return out
 
     def _compress(self, x, state: LayerState, meta: DeepseekV4Metadata, rotary: Rotary) -> None:

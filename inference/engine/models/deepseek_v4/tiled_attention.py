@@ -15,6 +15,14 @@ import torch
 import torch.nn.functional as F
 
 
+def gather_rows(pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(*rows.shape, *pool.shape[1:]): pool[rows], -1 rows reading row 0 (masked by the
+    caller). index_select on the flattened rows: several times faster on CPU than indexing
+    with a 2-d or 3-d tensor of rows."""
+    picked = pool.index_select(0, rows.clamp(min=0).flatten())
+    return picked.view(*rows.shape, *pool.shape[1:])
+
+
 @dataclass(frozen=True, slots=True)
 class SharedKeys:
     """Keys every query of a tile may read, each through its mask."""
@@ -45,7 +53,7 @@ def tiled_attention(
     keys, logits = [], []
     for part in parts:
         # The pool's dtype as q's, then fp32: what the reference computes in.
-        gathered = part.pool[part.rows.clamp(min=0)].to(q.dtype).float()
+        gathered = gather_rows(part.pool, part.rows).to(q.dtype).float()
         if isinstance(part, SharedKeys):  # (tiles, K, D): one product per tile
             scores = torch.matmul(qf.flatten(1, 2), gathered.transpose(1, 2))  # (tiles, size·H, K)
             scores = scores.view(tiles, size, heads, -1)
@@ -80,7 +88,7 @@ def tiled_indexer_scores(
     """(tiles, size, E) fp32: ∑_h weights · scale · ReLU(q_h · key) for each query and each
     entry of its tile; -inf where the query does not see the entry."""
     tiles, size, heads, _ = q.shape
-    gathered = keys.pool[keys.rows.clamp(min=0)].float()  # (tiles, E, D)
+    gathered = gather_rows(keys.pool, keys.rows).float()  # (tiles, E, D)
     scores = torch.matmul(q.float().flatten(1, 2), gathered.transpose(1, 2))  # (tiles, size·H, E)
     scores = F.relu(scores.view(tiles, size, heads, -1), inplace=True)
     weighted = weights.float()[:, :, None, :] * scale  # (tiles, size, 1, H)
