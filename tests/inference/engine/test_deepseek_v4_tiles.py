@@ -1,8 +1,9 @@
 """DeepSeek-V4's tiled torch path (deepseek_v4.query_tiles, tiled_attention) against the
 kernels' references, which gather each query's own rows from the step's per-query tables:
 a ragged step (a prefill from 0 over several tiles with a partial last one, a bounded replay's
-chunk past its window start, decodes early and late) at several tile sizes, the sliding window
-with compressed entries seen whole (HCA) or picked per query (CSA), and the indexer's scores."""
+chunk past its window start, decodes early and late, tiled apart) at several tile sizes, the
+sliding window with compressed entries seen whole (HCA) or picked per query (CSA), and the
+indexer's scores."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from inference.engine.kernels.reference import sparse_attention_reference
 from inference.engine.kernels.v4_reference import indexer_scores_reference
@@ -35,7 +37,7 @@ STEP = [(0, 37, 0), (50, 20, 40), (100, 1, 0), (7, 1, 0), (64, 3, 0)]
 @dataclass
 class Step:
     tables: StepTables
-    tiles: QueryTiles
+    groups: list[QueryTiles]
     window_pool: torch.Tensor  # (window slots, DIM)
     entry_pool: torch.Tensor  # (full blocks · CSA entries a block, DIM)
 
@@ -71,10 +73,15 @@ def _in_tiles(values: torch.Tensor, tiles: QueryTiles) -> torch.Tensor:
     return values[tiles.rows.clamp(min=0)]
 
 
-def _live(tiled: torch.Tensor, tiles: QueryTiles) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tiled rows of live queries, and their rows in the step."""
-    live = tiles.rows >= 0
-    return tiled[live], tiles.rows[live]
+def _gathered(step: Step, compute) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compute(tiles)` (tiles, size, ...) over each tile group: its live queries' rows, and
+    their rows in the step."""
+    got, rows = [], []
+    for tiles in step.groups:
+        live = tiles.rows >= 0
+        got.append(compute(tiles)[live])
+        rows.append(tiles.rows[live])
+    return torch.cat(got), torch.cat(rows)
 
 
 @pytest.fixture(params=[1, 8, 32], ids=lambda s: f"tile{s}")
@@ -84,13 +91,16 @@ def step(request, monkeypatch) -> Step:
 
 
 def test_tiles_cover_each_query_once(step):
-    rows = step.tiles.rows[step.tiles.rows >= 0]
+    rows = torch.cat([tiles.rows[tiles.rows >= 0] for tiles in step.groups])
     assert sorted(rows.tolist()) == list(range(sum(n for _, n, _ in STEP)))
+    sizes = [tiles.size for tiles in step.groups]
+    # The short sequences' (decodes, 3 queries) and the rest's.
+    assert sizes == [min(query_tiles.TILE_SIZE, 3), min(query_tiles.TILE_SIZE, 37)]
 
 
 def test_window_and_whole_entries_equal_the_gathered_reference(step):
     torch.manual_seed(0)
-    tables, tiles = step.tables, step.tiles
+    tables = step.tables
     q, sinks = torch.randn(len(tables.query_positions()), HEADS, DIM), torch.randn(HEADS)
     want = sparse_attention_reference(
         q,
@@ -101,58 +111,69 @@ def test_window_and_whole_entries_equal_the_gathered_reference(step):
         sinks,
         0.3,
     )
-    entries = tiles.entries(tables, HCA, HCA_RATE)
-    got = tiled_attention(
-        _in_tiles(q, tiles),
-        [
-            SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
-            SharedKeys(step.entry_pool, entries.rows, entries.visible),
-        ],
-        sinks,
-        0.3,
-    )
-    got, rows = _live(got, tiles)
+
+    def compute(tiles: QueryTiles) -> torch.Tensor:
+        entries = tiles.entries(tables, HCA, HCA_RATE)
+        return tiled_attention(
+            _in_tiles(q, tiles),
+            [
+                SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
+                SharedKeys(step.entry_pool, entries.rows, entries.visible),
+            ],
+            sinks,
+            0.3,
+        )
+
+    got, rows = _gathered(step, compute)
     torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)
 
 
 def test_picked_entries_equal_the_gathered_reference(step):
     """CSA: each query's own picks (some -1) beside the window."""
     torch.manual_seed(1)
-    tables, tiles = step.tables, step.tiles
+    tables = step.tables
     q, sinks = torch.randn(len(tables.query_positions()), HEADS, DIM), torch.randn(HEADS)
     visible = tables.visible_entries(CSA, CSA_RATE)  # (T, E)
     picks = visible.gather(1, torch.randint(0, visible.shape[1], (visible.shape[0], 3)))
     want = sparse_attention_reference(
         q, [(step.window_pool, tables.window_keys()), (step.entry_pool, picks)], sinks, 0.3
     )
-    own = _in_tiles(picks, tiles).masked_fill((tiles.rows < 0)[:, :, None], -1)
-    got = tiled_attention(
-        _in_tiles(q, tiles),
-        [
-            SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
-            OwnKeys(step.entry_pool, own),
-        ],
-        sinks,
-        0.3,
-    )
-    got, rows = _live(got, tiles)
+
+    def compute(tiles: QueryTiles) -> torch.Tensor:
+        own = _in_tiles(picks, tiles).masked_fill((tiles.rows < 0)[:, :, None], -1)
+        return tiled_attention(
+            _in_tiles(q, tiles),
+            [
+                SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
+                OwnKeys(step.entry_pool, own),
+            ],
+            sinks,
+            0.3,
+        )
+
+    got, rows = _gathered(step, compute)
     torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)
 
 
 def test_indexer_scores_equal_the_gathered_reference(step):
     torch.manual_seed(2)
-    tables, tiles = step.tables, step.tiles
+    tables = step.tables
     num_tokens, heads = len(tables.query_positions()), 6
     q, weights = torch.randn(num_tokens, heads, DIM), torch.randn(num_tokens, heads)
     visible = tables.visible_entries(CSA, CSA_RATE)
     want = indexer_scores_reference(q, weights, step.entry_pool, visible, 0.25)
-    entries = tiles.entries(tables, CSA, CSA_RATE)
-    got = tiled_indexer_scores(
-        _in_tiles(q, tiles),
-        _in_tiles(weights, tiles),
-        SharedKeys(step.entry_pool, entries.rows, entries.visible),
-        0.25,
-    )
-    got, rows = _live(got, tiles)
+
+    def compute(tiles: QueryTiles) -> torch.Tensor:
+        entries = tiles.entries(tables, CSA, CSA_RATE)
+        got = tiled_indexer_scores(
+            _in_tiles(q, tiles),
+            _in_tiles(weights, tiles),
+            SharedKeys(step.entry_pool, entries.rows, entries.visible),
+            0.25,
+        )
+        width = want.shape[1]  # a group sees at most the step's entries: pad to compare
+        return F.pad(got, (0, width - got.shape[-1]), value=float("-inf"))
+
+    got, rows = _gathered(step, compute)
     assert torch.equal(got.isinf(), want[rows].isinf())
     torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)

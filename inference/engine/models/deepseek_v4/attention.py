@@ -244,33 +244,33 @@ class Attention(nn.Module):
     def _attend_tiles(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
         """(T, H, D): the torch path, a tile of each sequence's consecutive queries at a time
         over the keys the tile shares (deepseek_v4.query_tiles, tiled_attention)."""
-        cos, sin = rope
-        tables = meta.tables
-        tiles = QueryTiles.of(tables)
-        entries = tiles.entries(tables, self.kind, self.rate) if self.rate else None
-        width = tiles.window_slots.shape[1] + (entries.rows.shape[1] if entries else 0)
-        step = max(1, GATHER_BUDGET // (tiles.size * width * self.head_dim))
         out = torch.empty_like(q)
-        for lo in range(0, tiles.num_tiles, step):  # chunks of tiles, each over every sequence's
-            chunk = slice(lo, lo + step)
-            rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's, dropped
-            parts = [SharedKeys(state.window, tiles.window_slots[chunk], tiles.window_mask[chunk])]
-            if entries is not None:
-                shared = (entries.rows[chunk], entries.visible[chunk])
-                if self.kind == CSA:
-                    picked = self.compressor.indexer.select_in_tiles(
-                        gather_rows(x, rows),
-                        gather_rows(q_residual, rows),
-                        (gather_rows(cos, rows), gather_rows(sin, rows)),
-                        SharedKeys(state.index_entries, *shared),
-                    )
-                    parts.append(OwnKeys(state.entries, picked))
-                else:
-                    parts.append(SharedKeys(state.entries, *shared))
-            q_tiled = gather_rows(q, rows)  # (tiles, size, H, D)
-            tiled = tiled_attention(q_tiled, parts, self.sinks, self.scale)
-            live = (rows >= 0).flatten()
-            out.index_copy_(0, rows.flatten()[live], tiled.flatten(0, 1)[live])
+        for tiles in QueryTiles.of(meta.tables):
+            entries = tiles.entries(meta.tables, self.kind, self.rate) if self.rate else None
+            width = tiles.window_slots.shape[1] + (entries.rows.shape[1] if entries else 0)
+            step = max(1, GATHER_BUDGET // (tiles.size * width * self.head_dim))
+            for lo in range(0, tiles.num_tiles, step):  # chunks of tiles
+                chunk = slice(lo, lo + step)
+                rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's
+                parts = [
+                    SharedKeys(state.window, tiles.window_slots[chunk], tiles.window_mask[chunk])
+                ]
+                if entries is not None:
+                    shared = (entries.rows[chunk], entries.visible[chunk])
+                    if self.kind == CSA:
+                        picked = self.compressor.indexer.select_in_tiles(
+                            gather_rows(x, rows),
+                            gather_rows(q_residual, rows),
+                            (gather_rows(rope[0], rows), gather_rows(rope[1], rows)),
+                            SharedKeys(state.index_entries, *shared),
+                        )
+                        parts.append(OwnKeys(state.entries, picked))
+                    else:
+                        parts.append(SharedKeys(state.entries, *shared))
+                q_tiled = gather_rows(q, rows)  # (tiles, size, H, D)
+                tiled = tiled_attention(q_tiled, parts, self.sinks, self.scale)
+                live = (rows >= 0).flatten()
+                out.index_copy_(0, rows.flatten()[live], tiled.flatten(0, 1)[live])
         return out
 
     def _compress(self, x, state: LayerState, meta: DeepseekV4Metadata, rotary: Rotary) -> None:

@@ -13,7 +13,7 @@ sentinel -1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,8 @@ from inference.engine.models.deepseek_v4.step_tables import PAD, StepTables
 # Queries a tile holds at most: larger tiles gather fewer rows but compute more masked logits
 # (a tile's queries each score size + W - 1 window keys, W of them live).
 TILE_SIZE = 32
+# Sequences with at most this many queries (decodes, a draft's verification) are tiled apart.
+SHORT = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,19 +46,35 @@ class QueryTiles:
     positions: torch.Tensor  # (tiles, size) CPU: each query's position (past the last: its own)
     last_positions: torch.Tensor  # (tiles,) CPU: the position of the tile's last query
     sequences: torch.Tensor  # (tiles,) CPU: each tile's sequence index
+    _entries_built: dict[tuple[str, int], TileEntries] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, tables: StepTables) -> QueryTiles:
-        """The step's tiles, built once and kept with its tables."""
-        return tables.once(("tiles",), lambda: cls.build(tables), on_device=False)
+    def of(cls, tables: StepTables) -> list[QueryTiles]:
+        """The step's tile groups, built once and kept with its tables: the sequences of at
+        most SHORT queries (decodes) in tiles of their longest, the others in tiles of up to
+        TILE_SIZE, so a decode beside a prefill chunk is not padded to a chunk's tile."""
+        return tables.once(("tiles",), lambda: cls.groups(tables), on_device=False)
 
     @classmethod
-    def build(cls, tables: StepTables) -> QueryTiles:
+    def groups(cls, tables: StepTables) -> list[QueryTiles]:
+        lens = tables.query_lens
+        short = (lens > 0) & (lens <= SHORT)
+        groups = []
+        for members in (short.nonzero()[:, 0], (lens > SHORT).nonzero()[:, 0]):
+            if len(members):
+                size = min(TILE_SIZE, int(lens[members].max()))
+                groups.append(cls.build(tables, members, size))
+        return groups
+
+    @classmethod
+    def build(cls, tables: StepTables, members: torch.Tensor, size: int) -> QueryTiles:
+        """Tiles of `size` over the sequences `members` (indices into the step's)."""
         lens, window = tables.query_lens, tables.window
-        size = max(1, min(TILE_SIZE, int(lens.max()) if len(lens) else 1))
-        counts = -(-lens // size)  # tiles per sequence
-        seq = torch.repeat_interleave(torch.arange(len(counts)), counts)  # (tiles,)
-        first = (torch.arange(len(seq)) - (counts.cumsum(0) - counts)[seq]) * size
+        counts = -(-lens[members] // size)  # tiles per sequence
+        seq = torch.repeat_interleave(members, counts)  # (tiles,)
+        first = (
+            torch.arange(len(seq)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        ) * size
         span = torch.arange(size)
         live_queries = span < (lens[seq] - first)[:, None]  # (tiles, size)
         rows = tables.query_starts[seq, None] + first[:, None] + span
@@ -91,11 +109,9 @@ class QueryTiles:
         """The entries of `kind` (compress `rate`) each tile reads, built once per step: those
         its last query's position has closed, E the most any tile sees; each query sees those
         its own position has closed (deepseek_v4.step_tables.visible_entries, per tile)."""
-        return tables.once(
-            ("tile entries", kind, rate),
-            lambda: self._entries(tables, kind, rate),
-            on_device=False,
-        )
+        if (kind, rate) not in self._entries_built:
+            self._entries_built[kind, rate] = self._entries(tables, kind, rate)
+        return self._entries_built[kind, rate]
 
     def _entries(self, tables: StepTables, kind: str, rate: int) -> TileEntries:
         closed = (self.last_positions + 1) // rate  # (tiles,)
