@@ -5,7 +5,8 @@ its context from the paged cache through its block table and run plain SDPA in f
 causal and sliding-window mask written out. Slow and obvious on purpose. `copy_slots_reference`
 is copy_slots' torch ops, which the runner also uses off CUDA. `sparse_attention_reference` is
 DeepSeek-V4's attention over the rows each query reads (kernels/v4_sparse_attention.py's
-reference, and V4's torch path itself)."""
+reference; V4's torch path computes the same a tile of queries at a time,
+models/deepseek_v4/tiled_attention.py, tested equal to it)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@
 - `state.py`: the per-request state paged on the engine's two KV groups, and its metadata;
 - `layers.py`, `attention.py`, `moe.py`, `hyper_connections.py`, `model.py`: the architecture,
   bottom-up, checked against transformers' DeepseekV4ForCausalLM;
+- `step_tables.py`: a step's per-query gather tables; `query_tiles.py`, `tiled_attention.py`:
+  the torch path's attention a tile of consecutive queries at a time;
 - `weights.py`: the checkpoint layouts' tensor names → the model's;
 - `loader.py`: streaming a checkpoint in, FP8/FP4 kept packed (models/packed/), per rank;
 - `packed_checkpoint.py`: writing a packed checkpoint (tests, benches); `held_bytes.py`: what a

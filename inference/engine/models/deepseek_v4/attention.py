@@ -3,8 +3,10 @@ grouped output projection; CSA's overlapping compressor and lightning indexer; H
 It reads and writes the request state laid out in deepseek_v4.state, every sequence of the step
 in one batch: each query reads its own keys through the step's tables (deepseek_v4.step_tables),
 padded with -1 and masked, so no layer loops over sequences. The attention itself is
-kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels, else
-its torch reference (kernels/reference.py), which gathers the keys.
+kernels/v4_sparse_attention.py's triton kernel when the step's metadata says use_kernels (and
+the indexer's scores v4_indexer.py's), reading each query's rows in place; else the torch path
+computes the same a tile of consecutive queries at a time (deepseek_v4.query_tiles,
+tiled_attention), each tile's keys gathered once.
 """
 
 from __future__ import annotations
@@ -24,11 +26,19 @@ from inference.engine.models.deepseek_v4.layers import (
     apply_rope,
     unweighted_rms_norm,
 )
+from inference.engine.models.deepseek_v4.query_tiles import QueryTiles
 from inference.engine.models.deepseek_v4.state import DeepseekV4Metadata, LayerState
 from inference.engine.models.deepseek_v4.step_tables import ClosingWindows
+from inference.engine.models.deepseek_v4.tiled_attention import (
+    OwnKeys,
+    SharedKeys,
+    gather_rows,
+    tiled_attention,
+    tiled_indexer_scores,
+)
 
-# A query chunk gathers its keys: (queries, keys, head_dim) floats at most about this many
-# (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
+# A chunk of queries (of tiles, on the torch path) reads at most about (queries, keys, head_dim)
+# floats this many (64 MB in fp32), so a long prefill chunk does not gather all its keys at once.
 GATHER_BUDGET = 1 << 24
 
 # ---- compressors ------------------------------------------------------------------------------
@@ -124,6 +134,23 @@ class Indexer(Compressor):
         picks = scores.topk(min(self.topk, visible.shape[1]), dim=-1).indices
         return visible.gather(1, picks)  # an unseeable pick stays -1
 
+    def select_in_tiles(
+        self,
+        x: torch.Tensor,  # (tiles, size, hidden)
+        q_residual: torch.Tensor,  # (tiles, size, q_lora_rank)
+        rope: tuple[torch.Tensor, torch.Tensor],  # (tiles, size, 1, rope_dim) each
+        keys: SharedKeys,  # the indexer keys of the entries each tile sees
+    ) -> torch.Tensor:
+        """(tiles, size, min(top-k, E)): select's picks on the torch path, a tile at a time
+        (deepseek_v4.tiled_attention.tiled_indexer_scores)."""
+        q = self.q_b_proj(q_residual).unflatten(-1, (self.num_heads, self.head_dim))
+        q = apply_rope(q, *rope)  # (tiles, size, H, D)
+        weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (tiles, size, H)
+        scores = tiled_indexer_scores(q, weights, keys, self.head_dim**-0.5)  # (tiles, size, E)
+        picks = scores.topk(min(self.topk, keys.rows.shape[1]), dim=-1).indices
+        rows = keys.rows[:, None, :].expand_as(scores).gather(2, picks)
+        return rows.masked_fill(~keys.mask.gather(2, picks), -1)  # an unseeable pick: -1
+
 
 # ---- attention --------------------------------------------------------------------------------
 
@@ -179,9 +206,18 @@ class Attention(nn.Module):
         q = apply_rope(unweighted_rms_norm(q, self.eps), cos, sin)  # (T, H, D)
         kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], cos, sin)[:, 0]  # (T, D)
         state.window[meta.window_slots] = kv.to(state.window.dtype)
-        tables = meta.tables
         if self.compressor is not None:
             self._compress(x, state, meta, ropes.compress_rotary)
+        attend = self._attend_rows if meta.use_kernels else self._attend_tiles
+        out = attend(x, q, q_residual, (cos, sin), state, meta)  # (T, H, D)
+        out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
+        grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
+        return self.o_b_proj(self.o_a_proj(grouped))
+
+    def _attend_rows(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
+        """(T, H, D): the kernel path, each query over its own rows of the step's tables."""
+        cos, sin = rope
+        num_tokens, tables = x.shape[0], meta.tables
         window = tables.window_keys()  # (T, W) sliding slots
         entries = tables.visible_entries(self.kind, self.rate) if self.rate else None
         width = window.shape[1] + (entries.shape[1] if entries is not None else 0)
@@ -203,9 +239,39 @@ class Attention(nn.Module):
             elif entries is not None:
                 keys.append((state.entries, entries[rows]))
             out[rows] = self._attend(q[rows], keys, meta.use_kernels)
-        out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
-        grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
-        return self.o_b_proj(self.o_a_proj(grouped))
+        return out
+
+    def _attend_tiles(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
+        """(T, H, D): the torch path, a tile of each sequence's consecutive queries at a time
+        over the keys the tile shares (deepseek_v4.query_tiles, tiled_attention)."""
+        out = torch.empty_like(q)
+        for tiles in QueryTiles.of(meta.tables):
+            entries = tiles.entries(meta.tables, self.kind, self.rate) if self.rate else None
+            width = tiles.window_slots.shape[1] + (entries.rows.shape[1] if entries else 0)
+            step = max(1, GATHER_BUDGET // (tiles.size * width * self.head_dim))
+            for lo in range(0, tiles.num_tiles, step):  # chunks of tiles
+                chunk = slice(lo, lo + step)
+                rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's
+                parts = [
+                    SharedKeys(state.window, tiles.window_slots[chunk], tiles.window_mask[chunk])
+                ]
+                if entries is not None:
+                    shared = (entries.rows[chunk], entries.visible[chunk])
+                    if self.kind == CSA:
+                        picked = self.compressor.indexer.select_in_tiles(
+                            gather_rows(x, rows),
+                            gather_rows(q_residual, rows),
+                            (gather_rows(rope[0], rows), gather_rows(rope[1], rows)),
+                            SharedKeys(state.index_entries, *shared),
+                        )
+                        parts.append(OwnKeys(state.entries, picked))
+                    else:
+                        parts.append(SharedKeys(state.entries, *shared))
+                q_tiled = gather_rows(q, rows)  # (tiles, size, H, D)
+                tiled = tiled_attention(q_tiled, parts, self.sinks, self.scale)
+                live = (rows >= 0).flatten()
+                out.index_copy_(0, rows.flatten()[live], tiled.flatten(0, 1)[live])
+        return out
 
     def _compress(self, x, state: LayerState, meta: DeepseekV4Metadata, rotary: Rotary) -> None:
         """Store the new tokens' compressor inputs, then pool every window they close."""

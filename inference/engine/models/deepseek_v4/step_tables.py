@@ -95,7 +95,7 @@ class StepTables:
             offsets = torch.arange(len(seq)) - self.query_starts[seq]
             return self.starts[seq] + offsets
 
-        return self._once(("positions",), build, on_device=False)
+        return self.once(("positions",), build, on_device=False)
 
     def window_keys(self) -> torch.Tensor:
         """(T, W): the sliding slots of the keys each query sees (positions p - W + 1 .. p),
@@ -107,7 +107,7 @@ class StepTables:
             live = keys >= self.window_starts[seq, None].clamp(min=0)
             return self._window_slots(seq[:, None].expand_as(keys), keys, live)
 
-        return self._once(("window",), build)
+        return self.once(("window",), build)
 
     def visible_entries(self, kind: str, rate: int) -> torch.Tensor:
         """(T, E): pool rows of the entries each query may see (windows its position closed),
@@ -121,7 +121,7 @@ class StepTables:
             visible = entry < ((pos + 1) // rate)[:, None]
             return self._entry_rows(kind, rate, seq[:, None].expand_as(entry), entry, visible)
 
-        return self._once(("entries", kind, rate), build)
+        return self.once(("entries", kind, rate), build)
 
     # ---- per closing window -------------------------------------------------------------------
 
@@ -152,7 +152,7 @@ class StepTables:
             parts = (slots, prev_slots, windows, rows)
             return ClosingWindows(*(part.to(self.device) for part in parts))
 
-        return self._once(("closing", kind, rate), build, on_device=False)
+        return self.once(("closing", kind, rate), build, on_device=False)
 
     # ---- lookups ------------------------------------------------------------------------------
 
@@ -196,7 +196,9 @@ class StepTables:
             )
         return torch.where(live, ids * per + offset, PAD)
 
-    def _once(self, key: tuple, build, on_device: bool = True):
+    def once(self, key: tuple, build, on_device: bool = True):
+        """`build()`'s value, built on the first call for `key` and kept for the step (every
+        layer reads the same tables; deepseek_v4.query_tiles keeps its tiles here too)."""
         if key not in self._built:
             value = build()
             self._built[key] = value.to(self.device) if on_device else value
