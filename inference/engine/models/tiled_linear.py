@@ -6,7 +6,10 @@ the cost (a 32 MB torch.empty().fill_() takes ~17 ms on this machine; 94% of a m
 DeepSeek-V4 checkpoint's decode step went to unpacking FP4 experts: issue 35). Here TILE_VALUES
 weight values at a time (1 MB of fp32, within a core's L2) are dequantized into one buffer,
 multiplied while they are hot, and the buffer is reused for the next rows: the weight is read
-once, in its compact form, and nothing the size of the weight is allocated.
+once, in its compact form, and nothing the size of the weight is allocated. That size is for a
+decode step's few rows, whose GEMM reads the tile as fast as it can be written; a caller
+multiplying many rows (a prefill chunk: compute-bound) passes a larger tile, so that the GEMM is
+not cut into many small ones (quantized_linear.PREFILL_TILE_VALUES).
 
 Tiles are rows of the (out, in) weight, so every output value is still one full dot product over
 the input: the output is the one a model holding the dequantized values gives. The formats'
@@ -30,7 +33,8 @@ def tiled_linear(
     tile_values: int | None = None,  # the tile's size in weight values (None: TILE_VALUES)
 ) -> torch.Tensor:
     """(M, out_features) fp32 = x · Wᵀ, W's rows [lo, hi) written by `fill(tile, lo, hi)` into
-    a (hi - lo, in_features) fp32 tile just before they are multiplied."""
+    a (hi - lo, in_features) fp32 tile of at most `tile_values` values just before they are
+    multiplied."""
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     rows_per_tile = max(1, (tile_values or TILE_VALUES) // in_features)
     buffer = torch.empty(min(rows_per_tile, out_features), in_features, dtype=torch.float32)
