@@ -17,8 +17,9 @@ head is int8 in both formats (the file keeps it at 8 bits: Q8_0 for SmolLM2).
 Both kernels are fast only with bf16 activations on this AVX2 CPU (fp32 activations take a
 slow path, ~5-20× slower), so decode rows go in as bf16 and come out fp32.
 At prefill sizes the kernels lose to fp32 GEMM by 4-30× (measured, docs/PERFORMANCE.md), so a
-batch of more than MAX_KERNEL_ROWS rows dequantizes the codes to fp32 and runs F.linear:
-prefill reads the same quantized weights, dequantized once per call.
+batch of more than MAX_KERNEL_ROWS rows runs fp32 GEMM over the codes dequantized a tile of rows
+at a time into one reused buffer (tiled_linear.py), never the whole fp32 weight at once: prefill
+reads the same quantized weights, and its output is F.linear's on `dequantized()`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.models.tiled_linear import tiled_linear
+
 INT4_GROUP_SIZE = 32
 # Rows up to this go through the quantized kernel (decode steps: a row per sequence, plus the
 # tokens jump-forward appended); more rows (prefill chunks) dequantize and use fp32 GEMM. The
 # kernels' cost grows with the rows (~4-5x fp32 GEMM at 64 rows), the dequantization's does not.
 MAX_KERNEL_ROWS = 32
+# Those more rows multiply tiles of this many weight values (16 MB of fp32; TILE_VALUES, 1 MB,
+# is sized for the few rows of a decode step). A prefill chunk's GEMM is compute-bound, so its
+# tile need not stay in L2, and 1 MB tiles cut it into many small GEMMs, each a parallel region
+# both threads must reach: on the 2-core host at load 4-5, one SmolLM2-135M layer's projections
+# at 1,024 rows took 1.5-1.8x as long with 1 MB tiles as with 16 MB ones (at load 1.5, within 5%).
+PREFILL_TILE_VALUES = 1 << 22
 
 
 class QuantizedLinear(nn.Module):
@@ -70,22 +79,40 @@ class QuantizedLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight the codes stand for, (N, K)."""
-        n, k, g = self.out_features, self.in_features, self.group_size
-        codes = self.codes.view(n, k // g, g).float()  # (N, groups, group)
+        weight = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        self._dequantize_rows(weight, 0, self.out_features)
+        return weight
+
+    def _dequantize_rows(self, tile: torch.Tensor, lo: int, hi: int) -> None:
+        """Write rows [lo, hi) of the fp32 weight into `tile` ((hi - lo, K), fp32):
+        (code [- 8 for int4]) * scale + zero, group by group."""
+        n, g = self.out_features, self.group_size
+        groups = tile.view(hi - lo, -1, g)  # (rows, groups, group)
+        groups.copy_(self.codes[lo:hi].view(hi - lo, -1, g))  # int8 → fp32
         if self.fmt == "int4":
-            codes = codes - 8
-        return (codes * self.scales.view(n, -1, 1) + self.zeros.view(n, -1, 1)).view(n, k)
+            groups.sub_(8)
+        groups.mul_(self.scales.view(n, -1, 1)[lo:hi]).add_(self.zeros.view(n, -1, 1)[lo:hi])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
-        if rows > self.max_kernel_rows or x.dtype != torch.float32:
+        if x.dtype != torch.float32:  # not the engine's (its CPU path is fp32): direct callers
             return F.linear(x, self.dequantized().to(x.dtype))
-        flat = x.reshape(rows, self.in_features).bfloat16()
-        if self.fmt == "int8":
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.kernel_scales)
+        flat = x.reshape(rows, self.in_features)
+        if rows > self.max_kernel_rows:
+            out = tiled_linear(
+                flat,
+                self.out_features,
+                self.in_features,
+                self._dequantize_rows,
+                PREFILL_TILE_VALUES,
+            )
+        elif self.fmt == "int8":
+            out = torch.ops.aten._weight_int8pack_mm(
+                flat.bfloat16(), self.codes, self.kernel_scales
+            )
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.packed, self.group_size, self.kernel_scales
+                flat.bfloat16(), self.packed, self.group_size, self.kernel_scales
             )
         return out.float().reshape(*x.shape[:-1], self.out_features)
 

@@ -70,9 +70,10 @@ def test_the_cpu_tiles_cover_every_row_when_tiles_end_inside_blocks(monkeypatch)
     """Tiles of 7 rows (so tiles end inside 128-row blocks and the last tile is partial): the
     tiled products equal the dequantized weights' for FP8 (float and e8m0 scales, a range of
     rows) and FP4."""
+    from inference.engine.models import tiled_linear
     from inference.engine.models.packed import cpu_tiles
 
-    monkeypatch.setattr(cpu_tiles, "TILE_VALUES", 7 * 300)
+    monkeypatch.setattr(tiled_linear, "TILE_VALUES", 7 * 300)
     generator = torch.Generator().manual_seed(2)
     close = {"rtol": 1e-4, "atol": 1e-4}  # the same values summed by another matmul
     weight, scale = quantize_fp8(torch.randn(200, 300, generator=generator))

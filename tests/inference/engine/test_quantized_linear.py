@@ -38,6 +38,30 @@ def test_quantized_linear_matches_fp32_matmul_of_its_dequantized_weight(fmt, row
     assert bool(((layer.dequantized() - weight).abs() <= span * step / 2 + 1e-6).all())
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("tile_values", [7 * 128, 1])  # 7 rows, the last tile partial; 1 row
+def test_prefill_tiles_cover_every_row_and_equal_the_dequantized_matmul(
+    monkeypatch, fmt, tile_values
+):
+    """Prefill rows multiply the weight a tile of rows at a time (tiled_linear.py): tiles of 7
+    rows (96 = 13 x 7 + 5) or of one row give F.linear's output on the dequantized weight, for
+    a (batch, tokens, in) input too; the tiles hold exactly dequantized()'s values."""
+    from inference.engine.models import quantized_linear
+
+    monkeypatch.setattr(quantized_linear, "PREFILL_TILE_VALUES", tile_values)
+    layer = QuantizedLinear(_weight(), fmt)
+    x = torch.randn(2, MAX_KERNEL_ROWS, 128, generator=torch.Generator().manual_seed(1))
+    out = layer(x)
+    assert out.dtype == torch.float32 and out.shape == (2, MAX_KERNEL_ROWS, 96)
+    torch.testing.assert_close(out, F.linear(x, layer.dequantized()), rtol=1e-5, atol=1e-5)
+    # The values each tile is filled with: (code [- 8]) * scale + zero, the group's.
+    codes = layer.codes.float() - (8 if fmt == "int4" else 0)
+    per_value = layer.group_size if fmt == "int4" else 128
+    scales = layer.scales.view(96, -1).repeat_interleave(per_value, dim=1)
+    zeros = layer.zeros.view(96, -1).repeat_interleave(per_value, dim=1)
+    assert torch.equal(layer.dequantized(), codes * scales + zeros)
+
+
 def test_int8_codes_are_symmetric_per_row_and_int4_codes_are_nibbles_per_group():
     weight = _weight()
     codes, scales = quantize_int8(weight)

@@ -1,19 +1,9 @@
-"""x · dequantize(W)ᵀ on the CPU over a packed weight, a tile of rows at a time.
-
-Dequantizing a whole weight to fp32 on every call writes 4 (FP8) or 8 (FP4) bytes per byte
-held into memory allocated afresh each time: on a CPU that, not the bytes read, was a DeepSeek-V4
-decode step (94% of a mid-size checkpoint's step went to unpacking FP4 experts; issue 35). Here
-TILE_VALUES weight values at a time (1 MB of fp32, within a core's L2) are dequantized into one
-buffer, multiplied while they are hot, and the buffer is reused for the next rows: the weight is
-read once, in its packed form, and nothing the size of the weight is allocated.
-
-Tiles are rows of the (out, in) weight, so every output value is still one full dot product over
-the input: the output is the one a model holding the dequantized values gives.
+"""x · dequantize(W)ᵀ on the CPU over DeepSeek's packed FP8 / FP4 weights, a tile of rows at a
+time (tiled_linear.py: why tiles, and why the output is the dequantized weights'): each format's
+fill, dequantizing a tile of rows from the packed bytes.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -23,8 +13,7 @@ from inference.engine.models.packed.formats import (
     FP8_BLOCK,
     scale_to_float,
 )
-
-TILE_VALUES = 1 << 18  # weight values dequantized at once: 1 MB of fp32
+from inference.engine.models.tiled_linear import tiled_linear
 
 
 def _fp4_byte_pairs() -> torch.Tensor:
@@ -53,7 +42,7 @@ def fp4_linear(
         )
         tile.view(hi - lo, -1, FP4_GROUP).mul_(scale_to_float(scale[lo:hi])[..., None])
 
-    return _tiled(x, out_features, in_features, fill)
+    return tiled_linear(x, out_features, in_features, fill)
 
 
 def fp8_linear(
@@ -78,21 +67,4 @@ def fp8_linear(
         if whole < in_features:
             tile[:, whole:].mul_(row_scales[:, -1:])
 
-    return _tiled(x, len(rows), in_features, fill)
-
-
-def _tiled(
-    x: torch.Tensor,
-    out_features: int,
-    in_features: int,
-    fill: Callable[[torch.Tensor, int, int], None],  # dequantize rows [lo, hi) into a tile
-) -> torch.Tensor:
-    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-    rows_per_tile = max(1, TILE_VALUES // in_features)
-    buffer = torch.empty(min(rows_per_tile, out_features), in_features, dtype=torch.float32)
-    for lo in range(0, out_features, rows_per_tile):
-        hi = min(lo + rows_per_tile, out_features)
-        tile = buffer[: hi - lo]
-        fill(tile, lo, hi)
-        torch.mm(x, tile.t(), out=out[:, lo:hi])
-    return out
+    return tiled_linear(x, len(rows), in_features, fill)
