@@ -35,6 +35,7 @@ from django.conf import settings
 
 from inference.completions.schema_compiles import schema_compile_pending
 from inference.completions.streams import CancelWatch, StreamCancelled, StreamPublisher
+from inference.engine import EngineShutDown
 from inference.errors import CompileLimitError, CompletionInputError, CompletionTimeoutError
 from inference.fleet.health import node_states
 from inference.fleet.nodes import node_queue
@@ -191,7 +192,9 @@ def schemas_warm(self: Task, json_schemas: list[dict[str, Any]]) -> list[str | N
     def answer(_: Future) -> None:
         try:
             self.backend.mark_as_done(request.id, warmed.result(), request=request)
-        except Exception:  # the engine shut down, or Redis is down: the tick's wait times out
+        except EngineShutDown:  # the worker is stopping: the tick's wait times out
+            logger.info("schemas_warm %s: the engine shut down before they compiled", request.id)
+        except Exception:  # Redis is down: the tick's wait times out
             logger.exception("schemas_warm %s: no answer stored", request.id)
 
     warmed.add_done_callback(answer)

@@ -11,6 +11,14 @@ class RequestError(RuntimeError):
     pass
 
 
+class EngineShutDown(RuntimeError):
+    """Work handed to an engine (a request, a grammar to compile) after it began shutting down:
+    expected while a worker stops, not a fault."""
+
+    def __init__(self) -> None:
+        super().__init__("engine is shut down")
+
+
 class RequestNotComputed(RequestError):
     """The runner left the request out of its step (runner/span_check.py): the step wrote none
     of its K/V, so the blocks registered for it must be forgotten, as after a failed step."""

@@ -30,6 +30,7 @@ from inference.engine.kv.pinned_heads import PinnedHead
 from inference.engine.metrics import EngineStats
 from inference.engine.outputs import RequestAbortedError, RequestOutput, StreamDelta
 from inference.engine.request import Request, RequestStatus
+from inference.engine.request_errors import EngineShutDown
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.structured_output.structured_output import CompileOutcome
 
@@ -162,7 +163,7 @@ class LLMEngine:
         futures = [Future() for _ in requests]
         with self._lock:
             if self._shutdown:
-                raise RuntimeError("engine is shut down")
+                raise EngineShutDown()
             self._inbox.extend(zip(requests, futures, strict=True))
             self._lock.notify()
         return futures
@@ -285,7 +286,7 @@ class LLMEngine:
                 ):
                     self._lock.wait()
                 if self._shutdown:
-                    self._fail_all(RuntimeError("engine shut down"))
+                    self._fail_all(EngineShutDown())
                     return
                 for request, future in self._inbox:
                     self._futures[request.request_id] = future

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import xgrammar as xgr
 
+from inference.engine.request_errors import EngineShutDown
+
 logger = logging.getLogger(__name__)
 
 _WORKER_SCRIPT = Path(__file__).with_name("grammar_worker.py")
@@ -169,7 +171,7 @@ class CompilePool:
                     )
                 self._lock.wait(left)
             if self._closed:
-                raise RuntimeError("engine is shut down")
+                raise EngineShutDown()
             if self._idle:
                 return self._idle.pop()
             self._num_workers += 1

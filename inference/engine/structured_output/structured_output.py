@@ -25,7 +25,7 @@ import xgrammar as xgr
 
 from inference.engine.config import StructuredOutputConfig
 from inference.engine.loading.tokenizer import Tokenizer
-from inference.engine.request_errors import RequestError
+from inference.engine.request_errors import EngineShutDown, RequestError
 from inference.engine.structured_output.grammar_compiler import (
     GrammarCache,
     compile_in_thread,
@@ -124,6 +124,7 @@ class StructuredOutputManager:
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
         self.cache = GrammarCache(self._compile, config.grammar_cache_bytes)
         # compile_async's compiles: one thread per compile worker, each waiting on its worker.
+        self._closed = False
         self._compile_threads = ThreadPoolExecutor(
             max(1, max_compile_workers), thread_name_prefix="grammar-compile"
         )
@@ -155,6 +156,9 @@ class StructuredOutputManager:
         refused or under way already). A schema over the limits is refused in the outcome
         without compiling; the future raises only what is not the schema's fault (shut down)."""
         outcome: Future[CompileOutcome] = Future()
+        if self._closed:
+            outcome.set_exception(EngineShutDown())
+            return outcome, False
         try:
             self._check(schema_text)
         except ValueError as exc:
@@ -202,6 +206,7 @@ class StructuredOutputManager:
         """Release the compile workers (the engine shuts down; the last engine of this
         tokenizer stops them)."""
         # Queued compiles still run (or fail at once: the pool is closed) and answer their futures.
+        self._closed = True
         self._compile_threads.shutdown(wait=False)
         if self._pool is not None:
             shared_pools.release(self._pool)

@@ -166,3 +166,17 @@ def test_compile_time_is_its_own_metric_and_a_cached_schema_costs_none(make_tiny
     assert plain.metrics.grammar_compile_s == 0.0
     # Compiled before arrival: not counted again in the queue time.
     assert first.metrics.queue_s < first.metrics.grammar_compile_s
+
+
+def test_work_after_shutdown_is_refused_as_engine_shut_down(make_tiny_engine):
+    """A schema or a request handed to an engine that is shutting down fails as EngineShutDown
+    (what a stopping worker logs as expected, not as a fault), never hangs."""
+    from inference.engine import EngineShutDown
+
+    engine = make_tiny_engine(grammar_compile_workers=1)
+    engine.shutdown()
+    future, _ = engine.compile_schema_async(_slow_schema("shut"))
+    with pytest.raises(EngineShutDown):
+        future.result(timeout=30)
+    with pytest.raises(EngineShutDown):
+        engine.generate("hi", SamplingParams(max_tokens=4))
