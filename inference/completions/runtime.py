@@ -63,9 +63,14 @@ def engine_config_from_settings() -> EngineConfig:
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise ImproperlyConfigured(
-            f"INFERENCE_ENGINE is invalid: {exc} (POKOMACHI_MODEL, POKOMACHI_DEVICE and "
-            "POKOMACHI_TP_* set it; POKOMACHI_KV_KEY the disk tier's key)"
+            f"INFERENCE_ENGINE is invalid: {exc}{_tiers_hint(exc)} (POKOMACHI_MODEL, "
+            "POKOMACHI_DEVICE and POKOMACHI_TP_* set it; POKOMACHI_KV_KEY the disk tier's key)"
         ) from exc
+
+
+def _tiers_hint(exc: ValueError) -> str:
+    """How to turn the disk tier off, for an error about the KV tiers."""
+    return " (POKOMACHI_KV_DISK_DIR=off turns the disk tier off)" if "kv_" in str(exc) else ""
 
 
 class _EngineSlot:
@@ -129,11 +134,9 @@ class _EngineSlot:
         try:
             engine = LLMEngine(config)
         except ValueError as exc:
-            hint = (
-                " (POKOMACHI_KV_DISK_DIR=off turns the disk tier off)" if "kv_" in str(exc) else ""
-            )
             raise ImproperlyConfigured(
-                f"the engine could not load with INFERENCE_ENGINE={engine_settings()}: {exc}{hint}"
+                f"the engine could not load with INFERENCE_ENGINE={engine_settings()}: {exc}"
+                f"{_tiers_hint(exc)}"
             ) from exc
         logger.info(
             "engine loaded: model=%s device=%s in %.1f s",

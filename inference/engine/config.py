@@ -453,6 +453,14 @@ class EngineConfig:
                 f"weights={self.runner.weights!r} with tensor_parallel_size > 1: quantized layers "
                 "are not sharded yet; use 'fp32' (or 'auto') with tensor parallelism"
             )
+        # Refused before any worker starts (where_supported: the builder turns them off).
+        tiers = self.cache.has_tiers and not self.cache.kv_tiers_where_supported
+        if self.parallel.tensor_parallel_size > 1 and tiers:
+            raise ValueError(
+                "kv_host_cache_bytes / kv_disk_cache_dir with tensor_parallel_size > 1: the KV "
+                "tiers do not read a tensor-parallel engine's KV shards yet; turn the tiers off "
+                "or use one process"
+            )
         if self.parallel.tensor_parallel_size > 1 and self.speculative.speculative_method == "mtp":
             raise ValueError(
                 "speculative_method='mtp' with tensor_parallel_size > 1: the MTP layer is not "

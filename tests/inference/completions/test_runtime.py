@@ -95,13 +95,15 @@ def test_a_configured_engine_starts_empty_even_with_a_disk_tier_in_the_settings(
     assert settings.INFERENCE_ENGINE["kv_disk_cache_dir"] == str(tmp_path)
 
 
-def test_a_model_the_tiers_cannot_hold_says_how_to_turn_them_off(settings, tmp_path):
+def test_an_engine_the_tiers_cannot_hold_says_how_to_turn_them_off(settings, tmp_path):
+    """A tensor-parallel engine with a disk tier (the tiers do not read KV shards yet) is
+    refused before any worker starts, saying how to turn the tier off."""
     from inference.completions.runtime import engine_get, engine_shutdown
 
     engine_shutdown()
     settings.INFERENCE_ENGINE = {
-        "model": "deepseek-v4-tiny-random",
-        "num_kv_blocks": 128,
+        "model": "smollm2-tiny-random",
+        "tensor_parallel_size": 2,
         "kv_disk_cache_dir": str(tmp_path),
     }
     with pytest.raises(ImproperlyConfigured, match="POKOMACHI_KV_DISK_DIR=off"):
