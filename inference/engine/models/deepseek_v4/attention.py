@@ -14,11 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.kernels.reference import sparse_attention_reference
-from inference.engine.kernels.v4_reference import (
-    compress_pool_reference,
-    indexer_scores_reference,
-)
+from inference.engine.kernels.v4_reference import compress_pool_reference
 from inference.engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.layers import (
     RMSNorm,
@@ -116,21 +112,16 @@ class Indexer(Compressor):
         rope: tuple[torch.Tensor, torch.Tensor],
         keys: torch.Tensor,  # (pool entries, index_head_dim): the layer's indexer keys
         visible: torch.Tensor,  # (Q, E): pool rows each query may see, -1 padded
-        use_kernels: bool,
     ) -> torch.Tensor:
-        """(Q, min(top-k, E)): the pool rows each query keeps, -1 where it has fewer. The scores
-        are kernels/v4_reference.indexer_scores_reference's (v4_indexer.py on the kernel path);
-        the top-k is torch.topk on either."""
+        """(Q, min(top-k, E)): the pool rows each query keeps, -1 where it has fewer, on the
+        kernel path (the scores v4_indexer.py's, the top-k torch.topk; select_in_tiles is the
+        torch path's)."""
+        from inference.engine.kernels.v4_indexer import indexer_scores  # triton: kernel path only
+
         q = self.q_b_proj(q_residual).view(-1, self.num_heads, self.head_dim)  # (Q, H, D)
         q = apply_rope(q, *rope)
         weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (Q, H)
-        args = (q, weights, keys, visible, self.head_dim**-0.5)
-        if use_kernels:  # triton is imported only on the kernel path
-            from inference.engine.kernels.v4_indexer import indexer_scores
-
-            scores = indexer_scores(*args)
-        else:
-            scores = indexer_scores_reference(*args)  # (Q, E)
+        scores = indexer_scores(q, weights, keys, visible, self.head_dim**-0.5)  # (Q, E)
         picks = scores.topk(min(self.topk, visible.shape[1]), dim=-1).indices
         return visible.gather(1, picks)  # an unseeable pick stays -1
 
@@ -215,7 +206,10 @@ class Attention(nn.Module):
         return self.o_b_proj(self.o_a_proj(grouped))
 
     def _attend_rows(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
-        """(T, H, D): the kernel path, each query over its own rows of the step's tables."""
+        """(T, H, D): the kernel path, each query over its own rows of the step's tables, read
+        in place by the triton kernels (triton is imported only on this path)."""
+        from inference.engine.kernels.v4_sparse_attention import sparse_attention
+
         cos, sin = rope
         num_tokens, tables = x.shape[0], meta.tables
         window = tables.window_keys()  # (T, W) sliding slots
@@ -233,12 +227,11 @@ class Attention(nn.Module):
                     (cos[rows], sin[rows]),
                     state.index_entries,
                     entries[rows],
-                    meta.use_kernels,
                 )
                 keys.append((state.entries, picked))
             elif entries is not None:
                 keys.append((state.entries, entries[rows]))
-            out[rows] = self._attend(q[rows], keys, meta.use_kernels)
+            out[rows] = sparse_attention(q[rows], keys, self.sinks, self.scale)
         return out
 
     def _attend_tiles(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
@@ -290,15 +283,3 @@ class Attention(nn.Module):
             split = compressor.projection_width  # the indexer's columns follow the compressor's
             keys = indexer.pool(state.projections, split, closing, rotary, use_kernels)
             state.index_entries[closing.entry_rows] = keys.to(state.index_entries.dtype)
-
-    def _attend(
-        self, q: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]], use_kernels: bool
-    ) -> torch.Tensor:
-        """(Q, H, D): each query over the pool rows it reads, (pool, rows (Q, K) -1 padded)
-        per part, with the sinks in the softmax: the triton kernel reads the rows in place, the
-        torch reference gathers them."""
-        if use_kernels:
-            from inference.engine.kernels.v4_sparse_attention import sparse_attention
-
-            return sparse_attention(q, keys, self.sinks, self.scale)
-        return sparse_attention_reference(q, keys, self.sinks, self.scale)
