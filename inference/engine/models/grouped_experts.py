@@ -3,9 +3,10 @@ experts held here, sorted by expert and padded to (experts hit, most pairs an ex
 hidden); gate/up as one batched matmul, SwiGLU with V4's clamp, down as another, then each
 pair's output weighted and summed into its token (index_add).
 
-Dense experts (moe.Experts) are had as views: `grouped_swiglu` takes the experts hit in chunks
-whose weights stay under WEIGHT_BUDGET values, so a prefill that routes to every expert of a
-large model never materializes all of them at once; a decode step is one chunk. Packed experts
+Dense experts (moe.Experts): `grouped_swiglu` takes the experts hit in chunks whose weights
+stay under WEIGHT_BUDGET values, so a prefill that routes to every expert of a large model
+never copies all of them at once; a decode step is one chunk, its weights a view of the span
+of experts hit where they are dense in it. Packed experts
 on the CPU (packed.experts.Fp4Experts) are never had whole: `swiglu_per_expert` hands each
 expert's rows to the caller's matmuls, which read the packed bytes a tile at a time
 (packed/cpu_tiles.py).
@@ -55,33 +56,44 @@ def group_by_expert(
 def grouped_swiglu(
     x: torch.Tensor,  # (T, hidden)
     groups: ExpertGroups,
-    weights_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    expert_size: int,  # weight values an expert holds (gate/up and down)
+    gate_up: torch.Tensor,  # (E, 2I, hidden): the experts held, by local id
+    down: torch.Tensor,  # (E, hidden, I)
     limit: float,
     dtype: torch.dtype,  # what the matmuls compute in
 ) -> torch.Tensor:
     """(T, hidden) in `dtype`: Σ over each token's pairs of weight · down(SwiGLU(gate_up(x))).
-    `weights_of(experts)` gives those experts' gate_up (G, 2I, hidden) and down (G, hidden, I)."""
+
+    A chunk whose experts hit span at most twice their number (a decode step of a model with
+    few experts: most are hit) reads the span's weights as a view, the experts not hit in it
+    computing zero rows; a sparser chunk copies the experts hit out (index), which at a
+    decode step cost more than the matmuls themselves."""
     out = torch.zeros(x.shape, dtype=dtype, device=x.device)
     num_hit = len(groups.experts)
     if num_hit == 0:
         return out
-    per_chunk = max(1, WEIGHT_BUDGET // expert_size)
+    per_chunk = max(1, WEIGHT_BUDGET // (gate_up[0].numel() + down[0].numel()))
     pair_starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
+    hit = groups.experts.tolist()
     for lo in range(0, num_hit, per_chunk):  # one chunk at decode sizes
         hi = min(lo + per_chunk, num_hit)
         pairs = slice(pair_starts[lo], pair_starts[hi])
         counts = groups.counts[lo:hi]
         capacity = int(counts.max())
-        group = torch.repeat_interleave(torch.arange(hi - lo, device=x.device), counts)
-        places = group * capacity + groups.ranks[pairs]  # (P,) rows of the padded batch
+        experts = groups.experts[lo:hi]
+        first, span = hit[lo], hit[hi - 1] - hit[lo] + 1
+        if span <= 2 * (hi - lo):  # the span's weights as a view
+            slots, num_slots = experts - first, span
+            gate_up_w, down_w = gate_up[first : first + span], down[first : first + span]
+        else:
+            slots, num_slots = torch.arange(hi - lo, device=x.device), hi - lo
+            gate_up_w, down_w = gate_up[experts], down[experts]
+        places = slots.repeat_interleave(counts) * capacity + groups.ranks[pairs]  # (P,)
         tokens = groups.tokens[pairs]
-        rows = x.new_zeros((hi - lo) * capacity, x.shape[1], dtype=dtype)
+        rows = x.new_zeros(num_slots * capacity, x.shape[1], dtype=dtype)
         rows[places] = x[tokens].to(dtype)
-        gate_up, down = weights_of(groups.experts[lo:hi])
-        h = torch.bmm(rows.view(hi - lo, capacity, -1), gate_up.to(dtype).transpose(1, 2))
-        h = clamped_swiglu(h, limit)  # (G, C, I)
-        y = torch.bmm(h, down.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
+        h = torch.bmm(rows.view(num_slots, capacity, -1), gate_up_w.to(dtype).transpose(1, 2))
+        h = clamped_swiglu(h, limit)  # (slots, C, I)
+        y = torch.bmm(h, down_w.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
         out.index_add_(0, tokens, y * groups.weights[pairs, None].to(dtype))
     return out
 

@@ -106,17 +106,20 @@ def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("share", [None, range(2, 5)])
-@pytest.mark.parametrize("num_routed", [6, 8])  # some experts never hit, or every one
-def test_grouped_experts_equal_a_loop_over_experts(model, monkeypatch, packed, share, num_routed):
+# Some experts never hit, every one, or two far apart (the experts hit copied out, not a view
+# of their span).
+@pytest.mark.parametrize("routed", [range(6), range(8), (0, 7)], ids=["6", "8", "0-and-7"])
+def test_grouped_experts_equal_a_loop_over_experts(model, monkeypatch, packed, share, routed):
     """Chunks of 3 experts (the default takes the tiny model's at once): the chunking too."""
     experts = model.model.layers[3].mlp.experts
     expert_size = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
     monkeypatch.setattr(grouped_experts, "WEIGHT_BUDGET", 3 * expert_size)
-    generator = torch.Generator().manual_seed(num_routed)
+    generator = torch.Generator().manual_seed(len(routed))
     num_tokens = 11
     x = torch.randn(num_tokens, experts.gate_up_proj.shape[2], generator=generator)
+    routed = torch.tensor(list(routed))
     indices = torch.stack(
-        [torch.randperm(num_routed, generator=generator)[:2] for _ in range(num_tokens)]
+        [routed[torch.randperm(len(routed), generator=generator)[:2]] for _ in range(num_tokens)]
     )
     weights = torch.rand(num_tokens, 2, generator=generator)
     gate_up, down = experts.gate_up_proj.data, experts.down_proj.data

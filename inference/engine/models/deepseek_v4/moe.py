@@ -59,14 +59,9 @@ class Experts(nn.Module):
         """The weighted sum over each token's experts held here (others contribute 0), one
         grouped computation (grouped_experts)."""
         groups = group_by_expert(indices, weights, self.expert_ids)
-        size = self.gate_up_proj[0].numel() + self.down_proj[0].numel()
-        out = grouped_swiglu(x, groups, self._weights_of, size, self.limit, x.dtype)
-        return out
-
-    def _weights_of(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(experts) == len(self.expert_ids):  # every expert hit: no copy
-            return self.gate_up_proj, self.down_proj
-        return self.gate_up_proj[experts], self.down_proj[experts]
+        return grouped_swiglu(
+            x, groups, self.gate_up_proj, self.down_proj, self.limit, x.dtype
+        )
 
 
 class Router(nn.Module):
