@@ -59,9 +59,7 @@ class Experts(nn.Module):
         """The weighted sum over each token's experts held here (others contribute 0), one
         grouped computation (grouped_experts)."""
         groups = group_by_expert(indices, weights, self.expert_ids)
-        return grouped_swiglu(
-            x, groups, self.gate_up_proj, self.down_proj, self.limit, x.dtype
-        )
+        return grouped_swiglu(x, groups, self.gate_up_proj, self.down_proj, self.limit, x.dtype)
 
 
 class Router(nn.Module):
