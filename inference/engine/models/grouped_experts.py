@@ -23,6 +23,17 @@ import torch.nn.functional as F
 # Most weight values (gate/up and down together) one chunk of experts holds at once: 512 MB fp32.
 WEIGHT_BUDGET = 1 << 27
 
+# A step whose every-expert-on-every-token products waste fewer multiply-adds than this runs
+# them so (dense_swiglu): ~15 ops where grouping takes ~60, and on the CPU an op costs about
+# what a few hundred thousand multiply-adds do. The tiny V4 at decode (8 tokens, 8 experts of
+# 24,576 each, top 2) wastes 1.2 M; a model of real size never comes near.
+DENSE_WASTE_BUDGET = 1 << 21
+
+
+def dense_is_cheaper(num_tokens: int, top_k: int, num_experts: int, expert_size: int) -> bool:
+    """Whether the step's wasted multiply-adds (experts not routed to) stay under the budget."""
+    return num_tokens * max(0, num_experts - top_k) * expert_size <= DENSE_WASTE_BUDGET
+
 
 @dataclass(frozen=True, slots=True)
 class ExpertGroups:
@@ -96,6 +107,28 @@ def grouped_swiglu(
         y = torch.bmm(h, down_w.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
         out.index_add_(0, tokens, y * groups.weights[pairs, None].to(dtype))
     return out
+
+
+def dense_swiglu(
+    x: torch.Tensor,  # (T, hidden)
+    indices: torch.Tensor,  # (T, top_k) model-wide expert ids
+    weights: torch.Tensor,  # (T, top_k)
+    expert_ids: range,  # the experts held here
+    gate_up: torch.Tensor,  # (E, 2I, hidden)
+    down: torch.Tensor,  # (E, hidden, I)
+    limit: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """grouped_swiglu's sum with every held expert on every token, each output weighted by
+    the token's routing weight for that expert (0 where not routed, or routed elsewhere)."""
+    num_held = len(expert_ids)
+    local = indices - expert_ids.start
+    held = (local >= 0) & (local < num_held)
+    routing = torch.zeros(x.shape[0], num_held, dtype=dtype, device=x.device)
+    routing.scatter_add_(1, local.clamp(0, num_held - 1), (weights * held).to(dtype))
+    h = torch.matmul(x.to(dtype), gate_up.to(dtype).transpose(1, 2))  # (E, T, 2I)
+    y = torch.bmm(clamped_swiglu(h, limit), down.to(dtype).transpose(1, 2))  # (E, T, hidden)
+    return torch.einsum("te,eth->th", routing, y)
 
 
 def swiglu_per_expert(

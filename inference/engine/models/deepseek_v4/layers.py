@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
@@ -19,12 +20,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * h).to(x.dtype)
+        """In fp32, then x's dtype: torch's fused rms_norm, one op where the steps were seven
+        (a decode step of the tiny V4 is hundreds of such small ops)."""
+        h = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return h.to(x.dtype)
 
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # fused, as RMSNorm's
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
@@ -68,12 +72,14 @@ class Rotary(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); rotates its last rope_dim channels pairwise, in fp32."""
+    """x: (T, heads, head_dim); rotates its last rope_dim channels pairwise, in fp32: each pair
+    (a, b) as the complex a + ib times cos + i·sin, in place on an fp32 copy of x (4x faster
+    at decode sizes than building the rotated pairs and concatenating)."""
     rope_dim = cos.shape[-1]
-    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
-    pairs = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
-    rotated = (rope.float() * cos + pairs.float() * sin).to(x.dtype)
-    return torch.cat([nope, rotated], dim=-1)
+    out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    pairs = torch.view_as_complex(out[..., -rope_dim:].unflatten(-1, (-1, 2)))
+    pairs.mul_(torch.complex(cos[..., 0::2].float(), sin[..., 0::2].float()))
+    return out.to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
-from inference.engine.models.grouped_experts import group_by_expert, grouped_swiglu
+from inference.engine.models.grouped_experts import (
+    dense_is_cheaper,
+    dense_swiglu,
+    group_by_expert,
+    grouped_swiglu,
+)
 
 # ---- MoE --------------------------------------------------------------------------------------
 
@@ -57,9 +62,16 @@ class Experts(nn.Module):
         self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """The weighted sum over each token's experts held here (others contribute 0), one
-        grouped computation (grouped_experts)."""
+        grouped computation, or every expert on every token where that wastes little
+        (grouped_experts)."""
+        gate_up, down = self.gate_up_proj, self.down_proj
+        size = gate_up[0].numel() + down[0].numel()
+        if dense_is_cheaper(x.shape[0], indices.shape[1], len(self.expert_ids), size):
+            return dense_swiglu(
+                x, indices, weights, self.expert_ids, gate_up, down, self.limit, x.dtype
+            )
         groups = group_by_expert(indices, weights, self.expert_ids)
-        return grouped_swiglu(x, groups, self.gate_up_proj, self.down_proj, self.limit, x.dtype)
+        return grouped_swiglu(x, groups, gate_up, down, self.limit, x.dtype)
 
 
 class Router(nn.Module):
