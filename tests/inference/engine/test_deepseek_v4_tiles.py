@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from inference.engine.kernels.reference import sparse_attention_reference
 from inference.engine.kernels.v4_reference import indexer_scores_reference
 from inference.engine.models.deepseek_v4 import query_tiles
+from inference.engine.models.deepseek_v4 import tiled_attention as tiled_module
 from inference.engine.models.deepseek_v4.config import CSA, HCA
 from inference.engine.models.deepseek_v4.query_tiles import QueryTiles
 from inference.engine.models.deepseek_v4.state import SequenceState
@@ -113,15 +114,24 @@ def test_window_and_whole_entries_equal_the_gathered_reference(step):
     )
 
     def compute(tiles: QueryTiles) -> torch.Tensor:
-        entries = tiles.entries(tables, HCA, HCA_RATE)
-        return tiled_attention(
-            _in_tiles(q, tiles),
+        """Two tiles at a time, the entries cut to the most one of them sees (of_tiles)."""
+        entries, q_tiled = tiles.entries(tables, HCA, HCA_RATE), _in_tiles(q, tiles)
+        chunks = [slice(lo, lo + 2) for lo in range(0, tiles.num_tiles, 2)]
+        return torch.cat(
             [
-                SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
-                SharedKeys(step.entry_pool, entries.rows, entries.visible),
-            ],
-            sinks,
-            0.3,
+                tiled_attention(
+                    q_tiled[chunk],
+                    [
+                        SharedKeys(
+                            step.window_pool, tiles.window_slots[chunk], tiles.window_mask[chunk]
+                        ),
+                        SharedKeys(step.entry_pool, *entries.of_tiles(chunk)),
+                    ],
+                    sinks,
+                    0.3,
+                )
+                for chunk in chunks
+            ]
         )
 
     got, rows = _gathered(step, compute)
@@ -155,7 +165,11 @@ def test_picked_entries_equal_the_gathered_reference(step):
     torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)
 
 
-def test_indexer_scores_equal_the_gathered_reference(step):
+@pytest.mark.parametrize("per_pass", [None, 1], ids=["default-passes", "a-tile-a-pass"])
+def test_indexer_scores_equal_the_gathered_reference(step, monkeypatch, per_pass):
+    """Two tiles at a time, each pair's entries cut to the most one of them sees (of_tiles)."""
+    if per_pass is not None:
+        monkeypatch.setattr(tiled_module, "SCORES_PER_PASS", per_pass)
     torch.manual_seed(2)
     tables = step.tables
     num_tokens, heads = len(tables.query_positions()), 6
@@ -165,14 +179,19 @@ def test_indexer_scores_equal_the_gathered_reference(step):
 
     def compute(tiles: QueryTiles) -> torch.Tensor:
         entries = tiles.entries(tables, CSA, CSA_RATE)
-        got = tiled_indexer_scores(
-            _in_tiles(q, tiles),
-            _in_tiles(weights, tiles),
-            SharedKeys(step.entry_pool, entries.rows, entries.visible),
-            0.25,
-        )
-        width = want.shape[1]  # a group sees at most the step's entries: pad to compare
-        return F.pad(got, (0, width - got.shape[-1]), value=float("-inf"))
+        q_tiled, weights_tiled = _in_tiles(q, tiles), _in_tiles(weights, tiles)
+        width = want.shape[1]  # a chunk sees at most the step's entries: pad to compare
+        parts = []
+        for lo in range(0, tiles.num_tiles, 2):
+            chunk = slice(lo, lo + 2)
+            got = tiled_indexer_scores(
+                q_tiled[chunk],
+                weights_tiled[chunk],
+                SharedKeys(step.entry_pool, *entries.of_tiles(chunk)),
+                0.25,
+            )
+            parts.append(F.pad(got, (0, width - got.shape[-1]), value=float("-inf")))
+        return torch.cat(parts)
 
     got, rows = _gathered(step, compute)
     assert torch.equal(got.isinf(), want[rows].isinf())

@@ -249,7 +249,7 @@ class Attention(nn.Module):
                     SharedKeys(state.window, tiles.window_slots[chunk], tiles.window_mask[chunk])
                 ]
                 if entries is not None:
-                    shared = (entries.rows[chunk], entries.visible[chunk])
+                    shared = entries.of_tiles(chunk)
                     if self.kind == CSA:
                         picked = self.compressor.indexer.select_in_tiles(
                             gather_rows(x, rows),

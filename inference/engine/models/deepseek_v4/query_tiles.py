@@ -32,6 +32,14 @@ class TileEntries:
 
     rows: torch.Tensor  # (tiles, E): pool rows of the entries the tile's last query sees, PAD
     visible: torch.Tensor  # (tiles, size, E) bool: query b of the tile sees entry e
+    counts: torch.Tensor  # (tiles,) CPU: the entries each tile sees (its rows' live prefix)
+
+    def of_tiles(self, chunk: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows and visible of the tiles `chunk`, cut to the most entries one of them sees: a
+        chunk of a prefill's first tiles is not padded to what the step's last tile sees (the
+        town workload's entries were 31% padding, 18% so cut)."""
+        width = int(self.counts[chunk].max()) if len(self.counts[chunk]) else 0
+        return self.rows[chunk, :width], self.visible[chunk, :, :width]
 
 
 @dataclass(slots=True)
@@ -121,4 +129,4 @@ class QueryTiles:
         rows = tables._entry_rows(kind, rate, self.sequences[:, None].expand_as(entry), entry, live)
         visible = entry[:, None, :] < ((self.positions + 1) // rate)[:, :, None]
         visible &= live[:, None, :] & self.live_queries[:, :, None]
-        return TileEntries(rows.to(tables.device), visible.to(tables.device))
+        return TileEntries(rows.to(tables.device), visible.to(tables.device), closed)
