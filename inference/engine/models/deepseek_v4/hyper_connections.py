@@ -42,18 +42,26 @@ class HyperConnection(nn.Module):
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """(T, n, n): Sinkhorn-Knopp on each token's matrix, columns normalized first, then `iters`
-    - 1 rounds of rows then columns (each sum + eps). Computed as (n, n, T), so every sum and
-    division runs along the tokens' contiguous lanes: over (T, n, n) each sums n floats at a
-    time, and the 20 rounds of small ops cost several times more. On the CPU the rounds run in
-    numpy on the same memory (the same float32 sums and divisions, bit for bit): ~115 ops on a
-    few hundred floats each at a decode step, where numpy dispatches an op in half torch's time
-    (382 → 182 µs a call at 8 tokens, 13 calls a step on the tiny V4)."""
-    c = comb.permute(1, 2, 0).contiguous()  # (n, n, T)
-    a = c.numpy() if c.device.type == "cpu" else c  # numpy writes through to c
-    a /= a.sum(0, keepdims=True) + eps
+    - 1 rounds of rows then columns (each sum + eps). On the CPU in float32 one compiled loop
+    (deepseek_v4.sinkhorn_cpu); elsewhere sinkhorn_arrays."""
+    if comb.device.type == "cpu" and comb.dtype == torch.float32:
+        from inference.engine.models.deepseek_v4.sinkhorn_cpu import sinkhorn_in_place
+
+        c = comb.contiguous().clone()
+        sinkhorn_in_place(c.numpy(), iters, eps)
+        return c
+    return sinkhorn_arrays(comb, iters, eps)
+
+
+def sinkhorn_arrays(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """sinkhorn as whole-array ops, computed as (n, n, T) so every sum and division runs along
+    the tokens' contiguous lanes (over (T, n, n) each sums n floats at a time, and the 20
+    rounds of small ops cost several times more)."""
+    c = comb.permute(1, 2, 0).clone(memory_format=torch.contiguous_format)  # (n, n, T), a copy
+    c /= c.sum(dim=0, keepdim=True).add_(eps)
     for _ in range(iters - 1):
-        a /= a.sum(1, keepdims=True) + eps  # rows
-        a /= a.sum(0, keepdims=True) + eps  # columns
+        c /= c.sum(dim=1, keepdim=True).add_(eps)  # rows
+        c /= c.sum(dim=0, keepdim=True).add_(eps)  # columns
     return c.permute(2, 0, 1).contiguous()  # (T, n, n): mix's product is slow on the view
 
 
