@@ -48,15 +48,14 @@ def pool(compressor, raw, first: int, count: int, rotary) -> torch.Tensor:
         kv = torch.cat([prev_kv, kv[has_prev:, :, hd:]], dim=1)  # (count, 2·rate, hd)
         gate = torch.cat([prev_gate, gate[has_prev:, :, hd:]], dim=1)
     pooled = compressor.kv_norm((kv * gate.softmax(dim=1)).sum(dim=1))
-    cos, sin = rotary(torch.arange(first, first + count) * rate)
-    return apply_rope(pooled[:, None, :], cos, sin)[:, 0, :]
+    return apply_rope(pooled[:, None, :], rotary(torch.arange(first, first + count) * rate))[:, 0]
 
 
 def select(indexer, x, q_residual, rope, keys, positions, rate: int) -> torch.Tensor:
     """(Q, E) additive mask: 0 where the query keeps the entry, -inf elsewhere."""
     num_entries = keys.shape[0]
     q = indexer.q_b_proj(q_residual).view(-1, indexer.num_heads, indexer.head_dim)
-    q = apply_rope(q, *rope)
+    q = apply_rope(q, rope)
     scores = F.relu(torch.einsum("qhd,ed->qhe", q.float(), keys.float())) * indexer.head_dim**-0.5
     weights = indexer.scorer.weights_proj(x).float() * indexer.num_heads**-0.5
     scores = (scores * weights[..., None]).sum(dim=1)  # (Q, E)
@@ -73,11 +72,11 @@ def reference_forward(self: Attention, x, positions, ropes, state, meta) -> torc
     """Attention.forward with every sequence compressed and attended on its own."""
     size = meta.tables.block_size
     num_tokens = x.shape[0]
-    cos, sin = ropes.main if self.kind == SLIDING else ropes.compress
+    rope = ropes.main if self.kind == SLIDING else ropes.compress
     q_residual = self.q_a_norm(self.q_a_proj(x))
     q = self.q_b_proj(q_residual).view(num_tokens, self.num_heads, self.head_dim)
-    q = apply_rope(unweighted_rms_norm(q, self.eps), cos, sin)
-    kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], cos, sin)[:, 0]
+    q = apply_rope(unweighted_rms_norm(q, self.eps), rope)
+    kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], rope)[:, 0]
     state.window[meta.window_slots] = kv.to(state.window.dtype)
     if self.compressor is not None:
         _compress(self, x, state, meta, ropes.compress_rotary, size)
@@ -87,7 +86,7 @@ def reference_forward(self: Attention, x, positions, ropes, state, meta) -> torc
         out[rows] = _attend(
             self, seq, q[rows], x[rows], q_residual[rows], positions[rows], ropes, state, size
         )
-    out = apply_rope(out, cos, -sin)
+    out = apply_rope(out, rope.inverse())
     grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)
     return self.o_b_proj(self.o_a_proj(grouped))
 
@@ -132,12 +131,11 @@ def _attend(self, seq, q, x, q_residual, positions, ropes, state, size: int):
             entry_bias = torch.zeros(future.shape).masked_fill(future, float("-inf"))
         else:
             rows = slice(seq.query_start, seq.query_start + seq.query_len)
-            cos, sin = ropes.compress
             entry_bias = select(
                 self.compressor.indexer,
                 x,
                 q_residual,
-                (cos[rows], sin[rows]),
+                ropes.compress.at(rows),
                 state.index_entries[ids],
                 positions,
                 self.rate,

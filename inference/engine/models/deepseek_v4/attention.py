@@ -18,6 +18,7 @@ from inference.engine.kernels.v4_reference import compress_pool_reference
 from inference.engine.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from inference.engine.models.deepseek_v4.layers import (
     RMSNorm,
+    Rope,
     Rotary,
     apply_rope,
     unweighted_rms_norm,
@@ -73,7 +74,7 @@ class Compressor(nn.Module):
     ) -> torch.Tensor:
         """(N, head_dim) fp32: each closing window's entry, roped at position rate · w
         (kernels/v4_reference.compress_pool_reference; v4_compress.py on the kernel path)."""
-        cos, sin = rotary(closing.windows * self.rate)  # (N, 1, rope_dim) each
+        rope = rotary(closing.windows * self.rate)  # (N, 1, rope_dim) cos and sin
         args = (
             projections,
             column,
@@ -82,8 +83,8 @@ class Compressor(nn.Module):
             self.position_bias,
             self.kv_norm.weight,
             self.kv_norm.eps,
-            cos[:, 0],
-            sin[:, 0],
+            rope.cos[:, 0],
+            rope.sin[:, 0],
         )
         if use_kernels:  # triton is imported only on the kernel path
             from inference.engine.kernels.v4_compress import compress_pool
@@ -105,11 +106,22 @@ class Indexer(Compressor):
         self.scorer = nn.Module()
         self.scorer.weights_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
 
+    def queries(
+        self,
+        x: torch.Tensor,  # (T, hidden)
+        q_residual: torch.Tensor,  # (T, q_lora_rank)
+        rope: Rope,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's indexer queries, roped, (T, H, D), and each head's weight (T, H) fp32:
+        computed once a layer, then read by every chunk of queries."""
+        q = self.q_b_proj(q_residual).view(-1, self.num_heads, self.head_dim)
+        weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5
+        return apply_rope(q, rope), weights
+
     def select(
         self,
-        x: torch.Tensor,  # (Q, hidden)
-        q_residual: torch.Tensor,  # (Q, q_lora_rank)
-        rope: tuple[torch.Tensor, torch.Tensor],
+        q: torch.Tensor,  # (Q, H, D): queries' rows of `queries`
+        weights: torch.Tensor,  # (Q, H)
         keys: torch.Tensor,  # (pool entries, index_head_dim): the layer's indexer keys
         visible: torch.Tensor,  # (Q, E): pool rows each query may see, -1 padded
     ) -> torch.Tensor:
@@ -118,25 +130,18 @@ class Indexer(Compressor):
         torch path's)."""
         from inference.engine.kernels.v4_indexer import indexer_scores  # triton: kernel path only
 
-        q = self.q_b_proj(q_residual).view(-1, self.num_heads, self.head_dim)  # (Q, H, D)
-        q = apply_rope(q, *rope)
-        weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (Q, H)
         scores = indexer_scores(q, weights, keys, visible, self.head_dim**-0.5)  # (Q, E)
         picks = scores.topk(min(self.topk, visible.shape[1]), dim=-1).indices
         return visible.gather(1, picks)  # an unseeable pick stays -1
 
     def select_in_tiles(
         self,
-        x: torch.Tensor,  # (tiles, size, hidden)
-        q_residual: torch.Tensor,  # (tiles, size, q_lora_rank)
-        rope: tuple[torch.Tensor, torch.Tensor],  # (tiles, size, 1, rope_dim) each
+        q: torch.Tensor,  # (tiles, size, H, D): queries' rows of `queries`, in tiles
+        weights: torch.Tensor,  # (tiles, size, H)
         keys: SharedKeys,  # the indexer keys of the entries each tile sees
     ) -> torch.Tensor:
         """(tiles, size, min(top-k, E)): select's picks on the torch path, a tile at a time
         (deepseek_v4.tiled_attention.tiled_indexer_scores)."""
-        q = self.q_b_proj(q_residual).unflatten(-1, (self.num_heads, self.head_dim))
-        q = apply_rope(q, *rope)  # (tiles, size, H, D)
-        weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5  # (tiles, size, H)
         scores = tiled_indexer_scores(q, weights, keys, self.head_dim**-0.5)  # (tiles, size, E)
         picks = scores.topk(min(self.topk, keys.rows.shape[1]), dim=-1).indices
         rows = keys.rows[:, None, :].expand_as(scores).gather(2, picks)
@@ -191,27 +196,29 @@ class Attention(nn.Module):
         self, x, positions, ropes, state: LayerState, meta: DeepseekV4Metadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        cos, sin = ropes.main if self.kind == SLIDING else ropes.compress
+        rope = ropes.main if self.kind == SLIDING else ropes.compress
         q_residual = self.q_a_norm(self.q_a_proj(x))  # (T, q_lora_rank)
         q = self.q_b_proj(q_residual).view(num_tokens, self.num_heads, self.head_dim)
-        q = apply_rope(unweighted_rms_norm(q, self.eps), cos, sin)  # (T, H, D)
-        kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], cos, sin)[:, 0]  # (T, D)
+        q = apply_rope(unweighted_rms_norm(q, self.eps), rope)  # (T, H, D)
+        kv = apply_rope(self.kv_norm(self.kv_proj(x))[:, None, :], rope)[:, 0]  # (T, D)
         state.window[meta.window_slots] = kv.to(state.window.dtype)
         if self.compressor is not None:
             self._compress(x, state, meta, ropes.compress_rotary)
+        index_queries = None
+        if self.kind == CSA:  # the indexer's queries, once for every chunk of queries below
+            index_queries = self.compressor.indexer.queries(x, q_residual, rope)
         attend = self._attend_rows if meta.use_kernels else self._attend_tiles
-        out = attend(x, q, q_residual, (cos, sin), state, meta)  # (T, H, D)
-        out = apply_rope(out, cos, -sin)  # K = V carried RoPE into the output: undo it
+        out = attend(q, index_queries, state, meta)  # (T, H, D)
+        out = apply_rope(out, rope.inverse())  # K = V carried RoPE into the output: undo it
         grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
         return self.o_b_proj(self.o_a_proj(grouped))
 
-    def _attend_rows(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
+    def _attend_rows(self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata):
         """(T, H, D): the kernel path, each query over its own rows of the step's tables, read
         in place by the triton kernels (triton is imported only on this path)."""
         from inference.engine.kernels.v4_sparse_attention import sparse_attention
 
-        cos, sin = rope
-        num_tokens, tables = x.shape[0], meta.tables
+        num_tokens, tables = q.shape[0], meta.tables
         window = tables.window_keys()  # (T, W) sliding slots
         entries = tables.visible_entries(self.kind, self.rate) if self.rate else None
         width = window.shape[1] + (entries.shape[1] if entries is not None else 0)
@@ -221,12 +228,9 @@ class Attention(nn.Module):
             rows = slice(lo, lo + step)
             keys = [(state.window, window[rows])]
             if self.kind == CSA:
+                index_q, index_weights = index_queries
                 picked = self.compressor.indexer.select(
-                    x[rows],
-                    q_residual[rows],
-                    (cos[rows], sin[rows]),
-                    state.index_entries,
-                    entries[rows],
+                    index_q[rows], index_weights[rows], state.index_entries, entries[rows]
                 )
                 keys.append((state.entries, picked))
             elif entries is not None:
@@ -234,7 +238,7 @@ class Attention(nn.Module):
             out[rows] = sparse_attention(q[rows], keys, self.sinks, self.scale)
         return out
 
-    def _attend_tiles(self, x, q, q_residual, rope, state: LayerState, meta: DeepseekV4Metadata):
+    def _attend_tiles(self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata):
         """(T, H, D): the torch path, a tile of each sequence's consecutive queries at a time
         over the keys the tile shares (deepseek_v4.query_tiles, tiled_attention)."""
         out = torch.empty_like(q)
@@ -251,10 +255,10 @@ class Attention(nn.Module):
                 if entries is not None:
                     shared = entries.of_tiles(chunk)
                     if self.kind == CSA:
+                        index_q, index_weights = index_queries
                         picked = self.compressor.indexer.select_in_tiles(
-                            gather_rows(x, rows),
-                            gather_rows(q_residual, rows),
-                            (gather_rows(rope[0], rows), gather_rows(rope[1], rows)),
+                            gather_rows(index_q, rows),
+                            gather_rows(index_weights, rows),
                             SharedKeys(state.index_entries, *shared),
                         )
                         parts.append(OwnKeys(state.entries, picked))

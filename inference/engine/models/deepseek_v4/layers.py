@@ -57,36 +57,55 @@ def rope_inv_freq(config: DeepseekV4Config, theta: float, yarn: dict | None) -> 
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """A rotary table at some positions: cos and sin (..., 1, rope_dim), each pair's angle
+    repeated for both its channels (what the kernels read), and cis (..., 1, rope_dim / 2), each
+    pair's cos + i·sin (what apply_rope multiplies by), built once a step for every layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cis: torch.Tensor
+
+    def inverse(self) -> Rope:
+        """The rotation back (K = V carried RoPE into attention's output)."""
+        return Rope(self.cos, -self.sin, self.cis.conj())
+
+    def at(self, rows: slice) -> Rope:
+        return Rope(self.cos[rows], self.sin[rows], self.cis[rows])
+
+
 class Rotary(nn.Module):
     def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.scaling = scaling
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: (T, 1, rope_dim), each pair's angle repeated for both its channels."""
+    def forward(self, positions: torch.Tensor) -> Rope:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # (T, rope_dim / 2)
-        cos = (freqs.cos() * self.scaling).repeat_interleave(2, dim=-1)
-        sin = (freqs.sin() * self.scaling).repeat_interleave(2, dim=-1)
-        return cos[:, None, :], sin[:, None, :]
+        cos, sin = freqs.cos() * self.scaling, freqs.sin() * self.scaling
+        return Rope(
+            cos.repeat_interleave(2, dim=-1)[:, None, :],
+            sin.repeat_interleave(2, dim=-1)[:, None, :],
+            torch.complex(cos, sin)[:, None, :],
+        )
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """x: (T, heads, head_dim); rotates its last rope_dim channels pairwise, in fp32: each pair
     (a, b) as the complex a + ib times cos + i·sin, in place on an fp32 copy of x (4x faster
     at decode sizes than building the rotated pairs and concatenating)."""
-    rope_dim = cos.shape[-1]
+    rope_dim = 2 * rope.cis.shape[-1]
     out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-    pairs = torch.view_as_complex(out[..., -rope_dim:].unflatten(-1, (-1, 2)))
-    pairs.mul_(torch.complex(cos[..., 0::2].float(), sin[..., 0::2].float()))
+    torch.view_as_complex(out[..., -rope_dim:].unflatten(-1, (-1, 2))).mul_(rope.cis)
     return out.to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)
 class Ropes:
-    """A step's cos/sin at its positions for both rope kinds (sliding layers use "main",
+    """A step's rotary tables at its positions for both rope kinds (sliding layers use "main",
     compressor layers "compress"), and the compress rotary for entries' own positions."""
 
-    main: tuple[torch.Tensor, torch.Tensor]
-    compress: tuple[torch.Tensor, torch.Tensor]
+    main: Rope
+    compress: Rope
     compress_rotary: Rotary
