@@ -27,25 +27,51 @@ class HyperConnection(nn.Module):
         self.scale = nn.Parameter(torch.ones(3))
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = self.hc_mult
         flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)  # (T, n·hidden)
-        pre, post, comb = F.linear(flat, self.fn.float()).split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        pre_s, post_s, comb_s = self.scale.unbind(0)
-        pre = torch.sigmoid(pre * pre_s + pre_b) + self.eps  # (T, n)
-        post = 2 * torch.sigmoid(post * post_s + post_b)  # (T, n)
-        comb = torch.softmax(comb.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.eps
-        comb = sinkhorn(comb, self.iters, self.eps)
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)  # (T, hidden)
+        mixes = F.linear(flat, self.fn.float())  # (T, (2 + n)·n): pre, post and comb's logits
+        if mixes.device.type == "cpu":  # a few floats a token: one compiled loop, not ~20 ops
+            pre, post, comb = self._gates_compiled(mixes)
+        else:
+            pre, post, comb = self.gates(mixes)
+        collapsed = torch.bmm(pre.to(streams.dtype).unsqueeze(1), streams)[:, 0]  # (T, hidden)
         return post, comb, collapsed
+
+    def gates(self, mixes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """pre (T, n), post (T, n) and comb (T, n, n) from the mixes, as tensor ops."""
+        n = self.hc_mult
+        pre, post, comb = mixes.split([n, n, n * n], dim=-1)
+        pre_b, post_b, comb_b = self.base.float().split([n, n, n * n])
+        pre_s, post_s, comb_s = self.scale.float().unbind(0)
+        pre = torch.sigmoid(pre * pre_s + pre_b) + self.eps
+        post = 2 * torch.sigmoid(post * post_s + post_b)
+        comb = torch.softmax(comb.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.eps
+        return pre, post, sinkhorn(comb, self.iters, self.eps)
+
+    def _gates_compiled(self, mixes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from inference.engine.models.deepseek_v4.hyper_connections_cpu import hyper_gates
+
+        n, num_tokens = self.hc_mult, mixes.shape[0]
+        pre, post = mixes.new_empty(num_tokens, n), mixes.new_empty(num_tokens, n)
+        comb = mixes.new_empty(num_tokens, n, n)
+        hyper_gates(
+            mixes.contiguous().numpy(),
+            self.scale.detach().float().numpy(),
+            self.base.detach().float().numpy(),
+            self.iters,
+            self.eps,
+            pre.numpy(),
+            post.numpy(),
+            comb.numpy(),
+        )
+        return pre, post, comb
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """(T, n, n): Sinkhorn-Knopp on each token's matrix, columns normalized first, then `iters`
     - 1 rounds of rows then columns (each sum + eps). On the CPU in float32 one compiled loop
-    (deepseek_v4.sinkhorn_cpu); elsewhere sinkhorn_arrays."""
+    (deepseek_v4.hyper_connections_cpu); elsewhere sinkhorn_arrays."""
     if comb.device.type == "cpu" and comb.dtype == torch.float32:
-        from inference.engine.models.deepseek_v4.sinkhorn_cpu import sinkhorn_in_place
+        from inference.engine.models.deepseek_v4.hyper_connections_cpu import sinkhorn_in_place
 
         c = comb.contiguous().clone()
         sinkhorn_in_place(c.numpy(), iters, eps)
