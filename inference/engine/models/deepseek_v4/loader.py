@@ -248,6 +248,10 @@ def load_deepseek_v4(
     index = index_checkpoint(path, config)
     model = build_model(index, device, shard)
     stream_weights(model, index, device)
+    if device.type == "cpu":  # compiled (or read from numba's cache) now, not in the first step
+        from inference.engine.models.deepseek_v4.hyper_connections_cpu import warm
+
+        warm()
     return model
 
 
