@@ -104,19 +104,18 @@ def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):
     return out
 
 
-@pytest.mark.parametrize("packed", [False, True])
+# Dense experts grouped or every expert on every token; packed ones are always grouped.
+@pytest.mark.parametrize(
+    ("packed", "dense"), [(False, False), (False, True), (True, False)], ids=["grouped", "dense", "fp4"]
+)
 @pytest.mark.parametrize("share", [None, range(2, 5)])
 # Some experts never hit, every one, or two far apart (the experts hit copied out, not a view
 # of their span).
 @pytest.mark.parametrize("routed", [range(6), range(8), (0, 7)], ids=["6", "8", "0-and-7"])
-@pytest.mark.parametrize("dense", [False, True], ids=["grouped", "dense"])
 def test_grouped_experts_equal_a_loop_over_experts(
     model, monkeypatch, packed, share, routed, dense
 ):
-    """Chunks of 3 experts (the default takes the tiny model's at once): the chunking too; or
-    every expert on every token (dense experts only: packed ones are always grouped)."""
-    if packed and dense:
-        pytest.skip("packed experts have no dense path")
+    """Chunks of 3 experts (the default takes the tiny model's at once): the chunking too."""
     experts = model.model.layers[3].mlp.experts
     expert_size = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
     monkeypatch.setattr(grouped_experts, "WEIGHT_BUDGET", 3 * expert_size)
