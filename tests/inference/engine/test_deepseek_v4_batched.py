@@ -106,7 +106,9 @@ def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):
 
 # Dense experts grouped or every expert on every token; packed ones are always grouped.
 @pytest.mark.parametrize(
-    ("packed", "dense"), [(False, False), (False, True), (True, False)], ids=["grouped", "dense", "fp4"]
+    ("packed", "dense"),
+    [(False, False), (False, True), (True, False)],
+    ids=["grouped", "dense", "fp4"],
 )
 @pytest.mark.parametrize("share", [None, range(2, 5)])
 # Some experts never hit, every one, or two far apart (the experts hit copied out, not a view
