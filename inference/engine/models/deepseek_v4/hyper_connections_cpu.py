@@ -24,32 +24,25 @@ from numba import njit
 @njit(cache=True)
 def sinkhorn_in_place(c: np.ndarray, iters: int, eps: float) -> None:  # pragma: no cover
     """c: (T, n, n) float32, C-contiguous; normalized in place. (Runs compiled: numba.)"""
-    num_tokens, n = c.shape[0], c.shape[1]
     e = np.float32(eps)
-    for t in range(num_tokens):
+    for t in range(c.shape[0]):
         m = c[t]
-        for j in range(n):  # columns
-            s = np.float32(0.0)
-            for i in range(n):
-                s += m[i, j]
-            s += e
-            for i in range(n):
-                m[i, j] /= s
+        _normalize(m.T, e)  # columns
         for _ in range(iters - 1):
-            for i in range(n):  # rows
-                s = np.float32(0.0)
-                for j in range(n):
-                    s += m[i, j]
-                s += e
-                for j in range(n):
-                    m[i, j] /= s
-            for j in range(n):  # columns
-                s = np.float32(0.0)
-                for i in range(n):
-                    s += m[i, j]
-                s += e
-                for i in range(n):
-                    m[i, j] /= s
+            _normalize(m, e)  # rows
+            _normalize(m.T, e)  # columns
+
+
+@njit(cache=True)
+def _normalize(m: np.ndarray, e: np.float32) -> None:  # pragma: no cover
+    """Each row of m divided by its sum (in index order) + e."""
+    for i in range(m.shape[0]):
+        s = np.float32(0.0)
+        for j in range(m.shape[1]):
+            s += m[i, j]
+        s += e
+        for j in range(m.shape[1]):
+            m[i, j] /= s
 
 
 @njit(cache=True)
