@@ -8,8 +8,8 @@ from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.hyper_connections import (
     HyperConnection,
     sinkhorn,
-    sinkhorn_arrays,
 )
+from inference.engine.models.deepseek_v4.hyper_connections_cpu import sinkhorn_in_place
 from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
 
 
@@ -18,9 +18,12 @@ def test_the_compiled_loop_equals_the_array_form(num_tokens):
     generator = torch.Generator().manual_seed(num_tokens)
     logits = torch.randn(num_tokens, 4, 4, generator=generator) * 3
     comb = torch.softmax(logits, dim=-1) + 1e-6
-    got = sinkhorn(comb, 20, 1e-6)
-    torch.testing.assert_close(got, sinkhorn_arrays(comb, 20, 1e-6), rtol=1e-6, atol=1e-7)
-    assert not torch.equal(got, comb)  # it normalized, and not the input in place
+    got = comb.clone()
+    sinkhorn_in_place(got.numpy(), 20, 1e-6)
+    want = sinkhorn(comb, 20, 1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(got, comb)  # it normalized
+    assert not torch.equal(want, comb)  # the array form too, into a copy (T == 1 included)
     torch.testing.assert_close(got.sum(dim=-2), torch.ones(num_tokens, 4), rtol=0, atol=1e-5)
 
 

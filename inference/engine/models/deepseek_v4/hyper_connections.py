@@ -68,21 +68,10 @@ class HyperConnection(nn.Module):
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """(T, n, n): Sinkhorn-Knopp on each token's matrix, columns normalized first, then `iters`
-    - 1 rounds of rows then columns (each sum + eps). On the CPU in float32 one compiled loop
-    (deepseek_v4.hyper_connections_cpu); elsewhere sinkhorn_arrays."""
-    if comb.device.type == "cpu" and comb.dtype == torch.float32:
-        from inference.engine.models.deepseek_v4.hyper_connections_cpu import sinkhorn_in_place
-
-        c = comb.contiguous().clone()
-        sinkhorn_in_place(c.numpy(), iters, eps)
-        return c
-    return sinkhorn_arrays(comb, iters, eps)
-
-
-def sinkhorn_arrays(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """sinkhorn as whole-array ops, computed as (n, n, T) so every sum and division runs along
-    the tokens' contiguous lanes (over (T, n, n) each sums n floats at a time, and the 20
-    rounds of small ops cost several times more)."""
+    - 1 rounds of rows then columns (each sum + eps), as whole-array ops (the CPU runs
+    hyper_connections_cpu's compiled loop instead). Computed as (n, n, T) so every sum and
+    division runs along the tokens' contiguous lanes (over (T, n, n) each sums n floats at a
+    time, and the 20 rounds of small ops cost several times more)."""
     c = comb.permute(1, 2, 0).clone(memory_format=torch.contiguous_format)  # (n, n, T), a copy
     c /= c.sum(dim=0, keepdim=True).add_(eps)
     for _ in range(iters - 1):

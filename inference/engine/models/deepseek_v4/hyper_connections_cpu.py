@@ -4,7 +4,7 @@ where the tensor-op form (hyper_connections.HyperConnection.gates, run on other 
 ~20 small ops, each of which costs more than its arithmetic at decode sizes.
 
 The Sinkhorn normalizes each token's n × n matrix in place, in the order and float32 arithmetic
-of hyper_connections.sinkhorn_arrays (columns first, then rows and columns `iters` - 1 times,
+of hyper_connections.sinkhorn (columns first, then rows and columns `iters` - 1 times,
 each sum + eps, summed in index order), so the two agree to the last bit or so. A decode step of
 the tiny V4 ran the array form's ~58 small array ops 13 times (~200 µs a call at 8 tokens in
 numpy, ~450 in torch: a tenth of the step or more); the loop takes ~10-15 µs, and stays ahead of
