@@ -28,7 +28,6 @@ from inference.engine.kv.tiers.offloader import KVOffloader
 from inference.engine.loading.shard import Shard
 from inference.engine.memory_plan import check_engine
 from inference.engine.models import load_model
-from inference.engine.runner.host_allocator import keep_freed_memory
 from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
 from inference.engine.spec_decode import Drafter
 from inference.engine.spec_decode.mtp import MtpDrafter
@@ -67,8 +66,6 @@ def build_engine(
     cache, scheduling, running = config.cache, config.scheduler, config.runner
     # Logged, and refused when it does not fit, before a byte of weights is read.
     memory_plan = check_engine(config)
-    if device.type == "cpu":  # every step's tensors reuse the last step's pages
-        logger.info(keep_freed_memory())
     parallel = config.parallel
     # Under expert parallelism rank 0 reads only its share of the routed experts.
     shard = Shard(0, parallel.tensor_parallel_size) if parallel.enable_expert_parallel else None

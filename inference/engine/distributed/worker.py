@@ -27,7 +27,6 @@ from inference.engine.distributed.messages import Heartbeat, RunStep, Shutdown
 from inference.engine.distributed.sharding import shard_model
 from inference.engine.loading.shard import Shard
 from inference.engine.models import load_model
-from inference.engine.runner.host_allocator import keep_freed_memory
 from inference.engine.runner.model_runner import ModelRunner, RunnerSetup
 
 logger = logging.getLogger(__name__)
@@ -60,8 +59,6 @@ def run_worker(
             )
         if config.runner.num_threads:
             torch.set_num_threads(config.runner.num_threads)
-        if device.type == "cpu":
-            logger.info(keep_freed_memory())
         expert_parallel = config.parallel.enable_expert_parallel
         shard = Shard(rank, world_size) if expert_parallel else None  # its experts only
         loaded = load_model(config.model, device, config.seed, shard=shard)

@@ -10,7 +10,7 @@ and a prefill step's indexer scores (12 MB) took twice their matmul's time. With
 MMAP_THRESHOLD served from the heap and up to TRIM_THRESHOLD of freed heap kept, the next step
 reuses the pages the last one freed: docs/PERFORMANCE.md has the figures.
 
-This is glibc's mallopt, process-wide: it is called once an engine computes on the CPU, where
+This is glibc's mallopt, process-wide: the model runner calls it on the CPU (every rank), where
 the C library is glibc (on another libc nothing changes and the start says so).
 """
 

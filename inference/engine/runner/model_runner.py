@@ -31,6 +31,7 @@ from inference.engine.kv.partial_blocks import BlockCopy
 from inference.engine.models import LoadedModel
 from inference.engine.request import Request
 from inference.engine.request_errors import RequestError, RequestNotComputed
+from inference.engine.runner.host_allocator import keep_freed_memory
 from inference.engine.runner.sampler import sample
 from inference.engine.runner.span_check import span_error
 from inference.engine.scheduler_output import Sampled, SchedulerOutput
@@ -92,6 +93,8 @@ class ModelRunner:
         device: torch.device,
         structured: StructuredOutputManager | None,  # None: a worker rank, which never samples
     ) -> None:
+        if device.type == "cpu":  # every step's tensors reuse the last step's pages
+            logger.info(keep_freed_memory())
         dtype = getattr(torch, config.dtype)
         self.model = loaded.model.to(dtype)
         self.config = config

@@ -38,7 +38,8 @@ class TileEntries:
         """rows and visible of the tiles `chunk`, cut to the most entries one of them sees: a
         chunk of a prefill's first tiles is not padded to what the step's last tile sees (the
         town workload's entries were 31% padding, 18% so cut)."""
-        width = int(self.counts[chunk].max()) if len(self.counts[chunk]) else 0
+        counts = self.counts[chunk]
+        width = int(counts.max()) if len(counts) else 0
         return self.rows[chunk, :width], self.visible[chunk, :, :width]
 
 
