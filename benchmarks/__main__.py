@@ -23,6 +23,7 @@ from benchmarks import (
     tensor_parallel,
     tiers,
     town,
+    v4_ops,
     v4_step,
     weights_agreement,
 )
@@ -42,6 +43,7 @@ MODES = {
     "load-checkpoint": (load_checkpoint, "load time and memory of a DeepSeek-V4 checkpoint"),
     "roofline": (roofline, "DeepSeek-V4's decode bound from memory bandwidth (config only)"),
     "v4-step": (v4_step, "DeepSeek-V4's decode step time against the bytes it reads"),
+    "v4-ops": (v4_ops, "DeepSeek-V4's small ops on the CPU: a decode step's, mHC's"),
     "node-policies": (
         node_policies,
         "the node routing policies on two local node workers, the demo town (Django)",

@@ -1,0 +1,118 @@
+"""`python -m benchmarks v4-ops`: what a DeepSeek-V4 step costs in small ops on the CPU.
+
+1. The torch ops of one decode step of the tiny V4 through the engine, `--in-flight` sequences
+   decoding together (their prompts the town workload's, cached first), counted by a dispatch
+   mode, by the model file that issued them: on the CPU an op costs more than its arithmetic at
+   decode sizes, so the count is what the step's time follows.
+2. A hyper-connection (the tiny V4's: 4 streams) at 8 and 800 tokens, the CPU's compiled gates
+   and Sinkhorn (deepseek_v4.hyper_connections_cpu) against the tensor-op form other devices
+   run, alternated in one process, µs a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.lib.workload import build_workload, chat_tokenizer_for
+from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.hyper_connections import HyperConnection
+from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
+from inference.engine.runner.model_runner import ModelRunner
+
+MODEL = "deepseek-v4-tiny-random"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--in-flight", type=int, default=8, help="sequences decoding together")
+    parser.add_argument("--calls", type=int, default=200, help="hyper-connection calls timed")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.in_flight < 1 or args.calls < 1:
+        raise ValueError("--in-flight and --calls must be ≥ 1")
+    torch.set_num_threads(1)
+    by_file = count_decode_ops(args.in_flight)
+    print(f"{MODEL}: one decode step at {args.in_flight} in flight, one torch thread")
+    print(f"torch ops: {sum(by_file.values())}")
+    for where, count in by_file.most_common():
+        print(f"  {count:5d}  {where}")
+    print("hyper-connection, µs a call (compiled loop / tensor ops):")
+    for tokens in (8, 800):
+        compiled, tensor_ops = time_hyper_connection(tokens, args.calls)
+        print(f"  {tokens:4d} tokens: {compiled:8.1f} / {tensor_ops:8.1f}")
+    return 0
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every op dispatched, by the model file (below inference/) that issued it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame is not None and "/inference/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        where = frame.f_code.co_filename.rpartition("/inference/")[2] if frame else "other"
+        self.counts[where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_decode_ops(in_flight: int) -> collections.Counter[str]:
+    """The ops of the last decode step of `in_flight` sequences (every one at its prompt's end
+    plus a few tokens), counted on the engine's own thread."""
+    engine = LLMEngine(EngineConfig(model=MODEL, num_threads=1))
+    counter, original = _OpCounter(), ModelRunner.forward
+    steps: list[int] = []
+
+    def forward(runner, batch):
+        if len(batch.input_ids) != in_flight:
+            return original(runner, batch)
+        steps.append(1)
+        if len(steps) != 4:  # the fourth step at full batch: every prompt done, windows warm
+            return original(runner, batch)
+        with counter:
+            return original(runner, batch)
+
+    try:
+        workload = build_workload(chat_tokenizer_for(engine.tokenizer), num_requests=in_flight)
+        prompts = workload.requests[:in_flight]
+        engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+        ModelRunner.forward = forward
+        engine.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    finally:
+        ModelRunner.forward = original
+        engine.shutdown()
+    if len(steps) < 4:
+        raise ValueError(f"fewer than 4 decode steps ran at {in_flight} in flight")
+    return counter.counts
+
+
+def time_hyper_connection(tokens: int, calls: int) -> tuple[float, float]:
+    """µs a call of the tiny V4's hyper-connection gates: the CPU's compiled loop, the tensor
+    ops; alternated in rounds of calls / 10."""
+    hyper = HyperConnection(DeepseekV4Config.from_hf_config(dict(TINY_CONFIG, vocab_size=64)))
+    generator = torch.Generator().manual_seed(tokens)
+    with torch.no_grad():
+        hyper.base.copy_(torch.randn(hyper.base.shape, generator=generator))
+        hyper.scale.copy_(torch.rand(3, generator=generator) + 0.5)
+    mixes = torch.randn(tokens, hyper.base.numel(), generator=generator)
+    totals = [0.0, 0.0]
+    rounds, per_round = 10, max(1, calls // 10)
+    with torch.inference_mode():
+        hyper._gates_compiled(mixes)  # compiled (or loaded from numba's cache) before timing
+        for _ in range(rounds):
+            for i, gates in enumerate((hyper._gates_compiled, hyper.gates)):
+                start = time.perf_counter()
+                for _ in range(per_round):
+                    gates(mixes)
+                totals[i] += time.perf_counter() - start
+    return tuple(1e6 * total / (rounds * per_round) for total in totals)
