@@ -12,6 +12,12 @@ from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
 
 # ---- hyper-connections ------------------------------------------------------------------------
 
+# Up to this many tokens the CPU computes the gates in one compiled loop (a few floats a token,
+# where the tensor ops are ~20 small ops): 50 against 700 µs at 8 tokens, 330 against 610 at
+# 256; from ~600 the tensor ops' vectorized exp wins (1.3-1.6 against 1.7-1.8 ms at 800).
+# `python -m benchmarks v4-ops` times both.
+COMPILED_GATES_MAX_TOKENS = 512
+
 
 class HyperConnection(nn.Module):
     """mHC: from the hc_mult streams, weights to collapse them into a block's input (pre), to
@@ -29,7 +35,7 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)  # (T, n·hidden)
         mixes = F.linear(flat, self.fn.float())  # (T, (2 + n)·n): pre, post and comb's logits
-        if mixes.device.type == "cpu":  # a few floats a token: one compiled loop, not ~20 ops
+        if mixes.device.type == "cpu" and len(mixes) <= COMPILED_GATES_MAX_TOKENS:
             pre, post, comb = self._gates_compiled(mixes)
         else:
             pre, post, comb = self.gates(mixes)

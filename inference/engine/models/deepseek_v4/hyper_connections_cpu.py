@@ -4,12 +4,10 @@ where the tensor-op form (hyper_connections.HyperConnection.gates, run on other 
 ~20 small ops, each of which costs more than its arithmetic at decode sizes.
 
 The Sinkhorn normalizes each token's n × n matrix in place, in the order and float32 arithmetic
-of hyper_connections.sinkhorn (columns first, then rows and columns `iters` - 1 times,
-each sum + eps, summed in index order), so the two agree to the last bit or so. A decode step of
-the tiny V4 ran the array form's ~58 small array ops 13 times (~200 µs a call at 8 tokens in
-numpy, ~450 in torch: a tenth of the step or more); the loop takes ~10-15 µs, and stays ahead of
-torch's arrays at 800 tokens (~1.1 against 1.3 ms, one thread, load 2). With the gates too, a
-hyper-connection at 8 tokens went from 268 to 184 µs, at 800 from 2.5 to 1.9 ms.
+of hyper_connections.sinkhorn (columns first, then rows and columns `iters` - 1 times, each sum
++ eps, summed in index order), so the two agree to the last bit or so. At decode sizes the loop
+is ~14x faster than the tensor ops; past ~600 tokens their vectorized exp wins, so the model
+calls it up to hyper_connections.COMPILED_GATES_MAX_TOKENS (`python -m benchmarks v4-ops`).
 
 Compiled at model load on the CPU (`warm`) and cached on disk (numba's cache): the first
 process pays the ~1 s compile, later ones load it.
