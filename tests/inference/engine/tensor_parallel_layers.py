@@ -45,6 +45,8 @@ def run_rank(rank: int, port: int, input_ids: torch.Tensor, results) -> None:
         with torch.no_grad():
             hidden = parallel_down(torch.relu(parallel_up(parallel_embed(input_ids))))
             logits = parallel_head(hidden)
-        results.put((rank, logits))
+        # A numpy copy travels by value: a tensor would travel as a file descriptor of shared
+        # memory, which the reader cannot take once this rank has exited.
+        results.put((rank, logits.numpy().copy()))
     finally:
         close_distributed()

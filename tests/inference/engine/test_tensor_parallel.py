@@ -142,7 +142,9 @@ def test_parallel_layers_on_two_ranks_equal_the_full_layers_with_uneven_shares()
     ]
     for rank in ranks:
         rank.start()
-    got = dict(results.get(timeout=120) for _ in ranks)
+    got = {
+        rank: torch.from_numpy(logits) for rank, logits in (results.get(timeout=120) for _ in ranks)
+    }
     for rank in ranks:
         rank.join(30)
     assert [rank.exitcode for rank in ranks] == [0, 0]
