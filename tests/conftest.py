@@ -6,6 +6,9 @@ redis_url -> str
     does not answer PING. It is never flushed (other test runs may share it): use unique keys and
     queue names.
 
+Every test starts with no compiled grammars in this process (grammar_compiler.shared_grammars:
+engines of one tokenizer share them), so what one test compiled is not another's cache hit.
+
 celery_worker_process -> start(queue=None, *, env=None, concurrency=4, ready_timeout_s=180.0)
     Starts a real `celery -A pokosite worker -Q <queue> --pool threads` subprocess and returns a
     WorkerProcess once the worker logged "ready." (its engine is loaded by then, see
@@ -43,6 +46,13 @@ from django.conf import settings
 from tests.child_processes import child_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_compiled_grammars_from_other_tests() -> None:
+    from inference.engine.structured_output.grammar_compiler import shared_grammars
+
+    shared_grammars.clear()
 
 
 @pytest.fixture(scope="session")

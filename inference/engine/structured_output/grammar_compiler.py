@@ -1,11 +1,16 @@
 """Compiling JSON schemas into grammars: off the engine's lock, once per schema, with a deadline.
 
-- `GrammarCache` (what StructuredOutputManager uses): compiled grammars by the schema's SHA-256,
-  least recently used evicted past a byte budget. The first caller of a schema starts its
-  compile, in its own thread (`get`) or on threads it names (`start`: a caller that must not
-  wait gets a future); callers of the same schema meanwhile get that compile's future, callers
-  of other schemas do not wait at all (no lock is held while compiling). A schema that failed
-  (invalid, or past the deadline) is remembered too, so asking again is refused at once.
+- `GrammarCache` (what StructuredOutputManager uses): an engine's way to its compiled grammars.
+  The first caller of a schema starts its compile, in its own thread (`get`) or on threads it
+  names (`start`: a caller that must not wait gets a future); callers of the same schema
+  meanwhile get that compile's future, callers of other schemas do not wait at all (no lock is
+  held while compiling). A schema that failed (invalid, or past the deadline) is remembered
+  too, so asking again is refused at once.
+- `CompiledGrammars`: what the compiles made, by the schema's SHA-256, least recently used
+  evicted past a byte budget; one per tokenizer (and deadline and budget) in this process
+  (`shared_grammars`), so an engine built after another of the same model (the experiment's
+  steps, one engine each) finds the schemas compiled: a town schema on Gemma's 262k vocabulary
+  costs seconds of CPU.
 - `CompilePool`: the compiles run in child processes (grammar_worker.py), because a C++
   compile cannot be interrupted in-process: one past its deadline is killed with its process.
   Idle workers are kept and reused (starting one imports xgrammar and torch: seconds); a
@@ -297,19 +302,84 @@ class SharedPools:
 shared_pools = SharedPools()
 
 
-class GrammarCache:
+class CompiledGrammars:
     """Compiled grammars (and refusals) by schema hash, LRU past `max_bytes`; each entry keeps
-    the seconds its compile took (by the clock, on whatever ran it)."""
+    the seconds its compile took (by the clock, on whatever ran it). Thread-safe."""
 
-    def __init__(self, compile_fn: Callable[[str], xgr.CompiledGrammar], max_bytes: int) -> None:
-        self._compile_fn = compile_fn
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[bytes, tuple[xgr.CompiledGrammar | ValueError, int, float]] = (
             OrderedDict()
         )
         self._num_bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> tuple[xgr.CompiledGrammar | ValueError, float] | None:
+        """The grammar (or refusal) and its compile's seconds, marked recently used; None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0], entry[2]
+
+    def put(self, key: bytes, value, num_bytes: int, compile_s: float) -> None:
+        with self._lock:
+            if key in self._entries:  # two engines compiled it at once: keep the first
+                return
+            self._entries[key] = (value, num_bytes, compile_s)
+            self._num_bytes += num_bytes
+            while self._num_bytes > self.max_bytes and len(self._entries) > 1:
+                _, (_, evicted_bytes, _) = self._entries.popitem(last=False)
+                self._num_bytes -= evicted_bytes
+
+    def __contains__(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
+
+
+class SharedGrammars:
+    """The compiled grammars of this process, one store per tokenizer, compile deadline and
+    byte budget (a refusal past a deadline holds for that deadline only): every engine of the
+    same model and settings reads and fills the same store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[bytes, float, int], CompiledGrammars] = {}
+
+    def store_for(
+        self, tokenizer_info_json: bytes, timeout_s: float, max_bytes: int
+    ) -> CompiledGrammars:
+        key = (hashlib.sha256(tokenizer_info_json).digest(), timeout_s, max_bytes)
+        with self._lock:
+            return self._stores.setdefault(key, CompiledGrammars(max_bytes))
+
+    def clear(self) -> None:
+        """Forget every compiled grammar (engines already built keep the stores they hold)."""
+        with self._lock:
+            self._stores.clear()
+
+
+# Process-wide, like the compile pools: compiled grammars outlive the engine that compiled them.
+shared_grammars = SharedGrammars()
+
+
+class GrammarCache:
+    """An engine's compiled grammars: read from (and written to) a CompiledGrammars store that
+    engines of the same tokenizer share; compiles under way are the engine's own, joined by its
+    callers of the same schema. Counts its own compiles and hits."""
+
+    def __init__(
+        self, compile_fn: Callable[[str], xgr.CompiledGrammar], store: CompiledGrammars
+    ) -> None:
+        self._compile_fn = compile_fn
+        self.store = store
         self._pending: dict[bytes, Future] = {}
-        self._lock = threading.Lock()  # guards the dicts only; never held while compiling
+        self._lock = threading.Lock()  # guards _pending only; never held while compiling
         self.num_compiles = 0
         self.num_hits = 0
 
@@ -323,13 +393,13 @@ class GrammarCache:
         self, schema_text: str, submit: Callable[[Callable[[], None]], object]
     ) -> tuple[Future, bool]:
         """A future of the schema's compiled grammar (ValueError: refused) and whether this
-        call started its compile: done at once when cached; the compile already under way when
-        another caller started it; else a new compile, handed to `submit` to run."""
+        call started its compile: done at once when compiled before (by any engine sharing the
+        store); the compile already under way when another caller started it; else a new
+        compile, handed to `submit` to run."""
         key = _key(schema_text)
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self.store.get(key)
             if entry is not None:
-                self._entries.move_to_end(key)
                 self.num_hits += 1
                 done: Future = Future()
                 if isinstance(entry[0], ValueError):
@@ -353,13 +423,12 @@ class GrammarCache:
         """Whether the schema is compiled (or refused) already, or being compiled."""
         key = _key(schema_text)
         with self._lock:
-            return key in self._entries or key in self._pending
+            return key in self.store or key in self._pending
 
     def compile_s(self, schema_text: str) -> float:
-        """The seconds the schema's compile took; 0.0 when it is not in the cache."""
-        with self._lock:
-            entry = self._entries.get(_key(schema_text))
-        return entry[2] if entry is not None else 0.0
+        """The seconds the schema's compile took; 0.0 when it is not in the store."""
+        entry = self.store.get(_key(schema_text))
+        return entry[1] if entry is not None else 0.0
 
     def _compile(self, key: bytes, schema_text: str, pending: Future) -> None:
         started = time.perf_counter()
@@ -382,12 +451,8 @@ class GrammarCache:
 
     def _finish(self, key: bytes, pending: Future, value, num_bytes: int, compile_s: float) -> None:
         with self._lock:
+            self.store.put(key, value, num_bytes, compile_s)
             del self._pending[key]
-            self._entries[key] = (value, num_bytes, compile_s)
-            self._num_bytes += num_bytes
-            while self._num_bytes > self.max_bytes and len(self._entries) > 1:
-                _, (_, evicted_bytes, _) = self._entries.popitem(last=False)
-                self._num_bytes -= evicted_bytes
         if isinstance(value, ValueError):
             pending.set_exception(value)
         else:
@@ -395,7 +460,7 @@ class GrammarCache:
 
     @property
     def num_bytes(self) -> int:
-        return self._num_bytes
+        return self.store.num_bytes
 
     @property
     def num_compiling(self) -> int:

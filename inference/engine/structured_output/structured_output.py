@@ -7,8 +7,9 @@ start is chosen) can be appended at once (jump-forward): they need no model step
 only their K/V, computed with the next step's token.
 
 A schema is checked against SchemaLimits (schema_limits) and compiled once, by GrammarCache
-(grammar_compiler), outside any engine-wide lock: in a thread of this process whose caller waits
-at most the compile deadline, or (max_compile_workers > 0) in worker processes killed past it.
+(grammar_compiler; what it compiled serves every engine of the same tokenizer in this process),
+outside any engine-wide lock: in a thread of this process whose caller waits at most the
+compile deadline, or (max_compile_workers > 0) in worker processes killed past it.
 `compile_async` starts a compile on the manager's own compile threads (as many as workers) and
 hands back a future, so a caller that serves other requests never waits on one (vLLM's
 structured-output manager compiles on its executor the same way).
@@ -27,8 +28,10 @@ from inference.engine.config import StructuredOutputConfig
 from inference.engine.loading.tokenizer import Tokenizer
 from inference.engine.request_errors import EngineShutDown, RequestError
 from inference.engine.structured_output.grammar_compiler import (
+    CompiledGrammars,
     GrammarCache,
     compile_in_thread,
+    shared_grammars,
     shared_pools,
 )
 from inference.engine.structured_output.schema_limits import check_schema
@@ -122,7 +125,6 @@ class StructuredOutputManager:
         self._pool = None
         self._compiler = None
         self._bitmask = xgr.allocate_token_bitmask(1, model_vocab_size)
-        self.cache = GrammarCache(self._compile, config.grammar_cache_bytes)
         # compile_async's compiles: one thread per compile worker, each waiting on its worker.
         self._closed = False
         self._compile_threads = ThreadPoolExecutor(
@@ -130,6 +132,7 @@ class StructuredOutputManager:
         )
         if tokenizer is None:
             self._info = None
+            self.cache = GrammarCache(self._compile, CompiledGrammars(config.grammar_cache_bytes))
             return
         self._info = xgr.TokenizerInfo(
             tokenizer.vocab,
@@ -137,9 +140,15 @@ class StructuredOutputManager:
             vocab_size=model_vocab_size,
             stop_token_ids=sorted(tokenizer.stop_token_ids),
         )
+        info_json = self._info.serialize_json().encode()
+        # Grammars compiled by an earlier engine of this tokenizer (and settings) are reused.
+        store = shared_grammars.store_for(
+            info_json, self.compile_timeout_s, config.grammar_cache_bytes
+        )
+        self.cache = GrammarCache(self._compile, store)
         if max_compile_workers > 0:
             self._pool = shared_pools.acquire(
-                self._info.serialize_json().encode(), max_compile_workers, self.compile_timeout_s
+                info_json, max_compile_workers, self.compile_timeout_s
             )
         else:
             self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)

@@ -180,3 +180,30 @@ def test_work_after_shutdown_is_refused_as_engine_shut_down(make_tiny_engine):
         future.result(timeout=30)
     with pytest.raises(EngineShutDown):
         engine.generate("hi", SamplingParams(max_tokens=4))
+
+
+def test_an_engine_built_after_another_of_the_same_model_finds_its_schemas_compiled(
+    make_tiny_engine,
+):
+    """The experiment builds an engine per step: the second engine of the same tokenizer and
+    compile settings reads the first one's grammars (and refusals); other settings compile."""
+    words = {"word": {"enum": ["onigiri", "dango", "taiyaki"]}}
+    schema = {"type": "object", "properties": words, "required": ["word"]}
+    params = SamplingParams(max_tokens=12, temperature=0.0, json_schema=schema)
+    first = make_tiny_engine()
+    (compiled,) = first.generate("hi", params)
+    with pytest.raises(ValueError, match="invalid json_schema"):
+        first.generate("hi", SamplingParams(max_tokens=4, json_schema={"type": "objekt"}))
+    first.shutdown()
+
+    second = make_tiny_engine()
+    (reused,) = second.generate("hi", params)
+    with pytest.raises(ValueError, match="invalid json_schema"):
+        second.generate("hi", SamplingParams(max_tokens=4, json_schema={"type": "objekt"}))
+    assert (second.structured.cache.num_compiles, second.structured.cache.num_hits) == (0, 2)
+    assert reused.token_ids == compiled.token_ids  # greedy, the same grammar: the same words
+
+    # Another deadline is another store: a refusal past one deadline says nothing of another.
+    other = make_tiny_engine(grammar_compile_timeout_s=7.0)
+    other.generate("hi", params)
+    assert other.structured.cache.num_compiles == 1
