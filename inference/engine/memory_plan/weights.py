@@ -117,8 +117,9 @@ def tensor_bytes(
 def meta_model(spec: ModelSpec) -> nn.Module:
     """The engine's model of `spec` on the meta device: shapes, no memory."""
     from inference.engine.models import ARCHITECTURES
+    from inference.engine.models.skipped_init import skipped_init
 
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         return ARCHITECTURES[spec.arch][1](spec.config)
 
 

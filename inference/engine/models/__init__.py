@@ -32,6 +32,7 @@ from inference.engine.models import deepseek_v4, gemma3, llama
 from inference.engine.models.deepseek_v4 import tiny as deepseek_v4_tiny
 from inference.engine.models.deepseek_v4.loader import load_deepseek_v4
 from inference.engine.models.quantized_linear import quantize_model
+from inference.engine.models.skipped_init import skipped_init
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +121,13 @@ def load_model(
 
     if name in TINY_RANDOM_MODELS:
         config = dataclasses.replace(config, **TINY_OVERRIDES[arch])
-        model = model_cls(config)
+        with skipped_init():  # every parameter is drawn below
+            model = model_cls(config)
         _init_random(model, seed)
         fingerprint = hashlib.sha256(f"random:{seed}:{config}".encode()).hexdigest()
     else:
-        model = model_cls(config)
+        with skipped_init():  # every parameter is loaded below
+            model = model_cls(config)
         model.load_hf_weights(to_hf_names(read_tensors(reader), config))
     count = quantize_model(model, weights)
     model = model.to(device).eval()
@@ -166,7 +169,8 @@ def _load_hf_checkpoint(
     if arch == "deepseek_v4":  # streamed, FP8/FP4 kept packed, this rank's experts only
         model = load_deepseek_v4(path, config, device, shard)
     else:
-        model = model_cls(config)
+        with skipped_init():  # every parameter is loaded below
+            model = model_cls(config)
         model.load_hf_weights(read_hf_weights(path))
         quantize_model(model, weights)
     sizes = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))

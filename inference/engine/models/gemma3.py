@@ -102,7 +102,8 @@ class Gemma3Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        # On the CPU whatever the default device: see llama.RotaryEmbedding.
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
         self.register_buffer("inv_freq", 1.0 / theta**exponents, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,8 +102,13 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        # Computed on the CPU whatever the default device (the model's .to() moves them): on the
+        # meta device (the memory plan's model) these ops run torch's Python references, whose
+        # first call imports torch._dynamo (2.6 s at every engine start).
+        cpu = torch.device("cpu")
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu) / head_dim
+        inv_freq = 1.0 / theta**exponents
+        angles = torch.arange(max_positions, dtype=torch.float64, device=cpu)[:, None] * inv_freq
         # (max_positions, head_dim): each half repeats the frequencies
         self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1).float(), persistent=False)
         self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1).float(), persistent=False)

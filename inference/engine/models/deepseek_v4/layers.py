@@ -38,7 +38,8 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_inv_freq(config: DeepseekV4Config, theta: float, yarn: dict | None) -> torch.Tensor:
     """One frequency per channel pair; YaRN blends interpolated and extrapolated ones."""
     dim = config.rope_dim
-    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
+    # On the CPU whatever the default device: see llama.RotaryEmbedding.
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)
     if yarn is None:
         return 1.0 / pos_freqs
     factor = float(yarn["factor"])
@@ -52,7 +53,8 @@ def rope_inv_freq(config: DeepseekV4Config, theta: float, yarn: dict | None) -> 
     high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low)).clamp(0, 1)
+    ramp = torch.arange(dim // 2, dtype=torch.float, device="cpu")
+    ramp = ((ramp - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 

@@ -40,6 +40,7 @@ from inference.engine.models.deepseek_v4.weights import SCALE_SUFFIXES, ModelNam
 from inference.engine.models.packed.experts import PROJECTIONS, Fp4Experts
 from inference.engine.models.packed.formats import check_fp4, check_fp8
 from inference.engine.models.packed.linear import Fp8GroupedLinear, Fp8Linear
+from inference.engine.models.skipped_init import skipped_init
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def index_checkpoint(path: Path, config: DeepseekV4Config) -> CheckpointIndex:
             for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
                 piece = f.get_slice(name)
                 headers[name] = Source(file, name, piece.get_dtype(), tuple(piece.get_shape()))
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         skeleton = DeepseekV4ForCausalLM(config)
     tensors = {n: t for n, t in skeleton.state_dict().items()}
     experts_modules = {n for n, m in skeleton.named_modules() if isinstance(m, Experts)}
@@ -266,7 +267,7 @@ def build_model(
     """The model's skeleton: everything on meta except the experts' storage (allocated,
     unfilled) and the rotary tables; packed modules where the checkpoint is packed."""
     config = index.config
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         model = DeepseekV4ForCausalLM(config)
     model.rotary = rotary_embeddings(config).to(device)
     if index.without_mtp:
@@ -288,14 +289,14 @@ def build_model(
         if shard is not None and name.startswith("model.layers."):
             ids = _balanced(len(ids), shard)
         if name not in index.experts:  # stacked in the checkpoint: read as slices
-            with torch.device("meta"):
+            with torch.device("meta"), skipped_init():
                 new = Experts(config, ids)
         elif index.is_fp4(name):
             new = Fp4Experts(
                 config.hidden_size, config.moe_intermediate_size, old.limit, ids, device=device
             )
         else:
-            with torch.device("meta"):
+            with torch.device("meta"), skipped_init():
                 new = Experts(config, ids)
             for leaf in ("gate_up_proj", "down_proj"):
                 shape = getattr(new, leaf).shape

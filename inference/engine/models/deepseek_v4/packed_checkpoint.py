@@ -23,6 +23,7 @@ from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.model import DeepseekV4ForCausalLM
 from inference.engine.models.deepseek_v4.moe import Experts
 from inference.engine.models.packed.formats import FP4_GROUP, FP8_BLOCK, fp8_scale_grid
+from inference.engine.models.skipped_init import skipped_init
 
 # The model's (transformers') names → DeepSeek's, applied in order (weights._RENAMES reversed).
 _TO_DEEPSEEK = [
@@ -72,7 +73,7 @@ def write_packed_checkpoint(
     returns the bytes of its tensors on disk (the safetensors files)."""
     path.mkdir(parents=True, exist_ok=True)
     config = DeepseekV4Config.from_hf_config(hf_config)
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         skeleton = DeepseekV4ForCausalLM(config)
     generator = torch.Generator().manual_seed(seed)
     writer = _ShardWriter(path, max_shard_bytes)
