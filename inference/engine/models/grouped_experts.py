@@ -29,6 +29,12 @@ WEIGHT_BUDGET = 1 << 27
 # 24,576 each, top 2) wastes 1.2 M; a model of real size never comes near.
 DENSE_WASTE_BUDGET = 1 << 21
 
+# A chunk whose padding (capacity · experts − pairs rows) wastes more multiply-adds than this
+# per expert hit runs expert by expert instead (~6 ops an expert, no padding): a prefill chunk
+# of the tiny V4, whose random routing gives one expert 2-3× another's pairs, computed 2.5×
+# its pairs' rows padded (grouped_swiglu was 18% of its prefill step).
+PADDING_WASTE_BUDGET = 6 << 18
+
 
 def dense_is_cheaper(num_tokens: int, top_k: int, num_experts: int, expert_size: int) -> bool:
     """Whether the step's wasted multiply-adds (experts not routed to) stay under the budget."""
@@ -77,36 +83,62 @@ def grouped_swiglu(
     A chunk whose experts hit span at most twice their number (a decode step of a model with
     few experts: most are hit) reads the span's weights as a view, the experts not hit in it
     computing zero rows; a sparser chunk copies the experts hit out (index), which at a
-    decode step cost more than the matmuls themselves."""
+    decode step cost more than the matmuls themselves. A chunk whose padding would waste
+    more than PADDING_WASTE_BUDGET an expert (a prefill's uneven routing) runs expert by
+    expert on its sorted rows instead."""
     out = torch.zeros(x.shape, dtype=dtype, device=x.device)
     num_hit = len(groups.experts)
     if num_hit == 0:
         return out
-    per_chunk = max(1, WEIGHT_BUDGET // (gate_up[0].numel() + down[0].numel()))
+    expert_size = gate_up[0].numel() + down[0].numel()
+    per_chunk = max(1, WEIGHT_BUDGET // expert_size)
     pair_starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
     hit = groups.experts.tolist()
     for lo in range(0, num_hit, per_chunk):  # one chunk at decode sizes
         hi = min(lo + per_chunk, num_hit)
         pairs = slice(pair_starts[lo], pair_starts[hi])
+        tokens = groups.tokens[pairs]
         counts = groups.counts[lo:hi]
         capacity = int(counts.max())
-        experts = groups.experts[lo:hi]
         first, span = hit[lo], hit[hi - 1] - hit[lo] + 1
-        if span <= 2 * (hi - lo):  # the span's weights as a view
-            slots, num_slots = experts - first, span
-            gate_up_w, down_w = gate_up[first : first + span], down[first : first + span]
+        as_view = span <= 2 * (hi - lo)  # the span's weights as a view
+        num_slots = span if as_view else hi - lo
+        padding = num_slots * capacity - (pairs.stop - pairs.start)
+        if padding * expert_size > PADDING_WASTE_BUDGET * (hi - lo):
+            starts = [start - pairs.start for start in pair_starts[lo : hi + 1]]
+            y = _expert_by_expert(x[tokens].to(dtype), starts, hit[lo:hi], gate_up, down, limit)
         else:
-            slots, num_slots = torch.arange(hi - lo, device=x.device), hi - lo
-            gate_up_w, down_w = gate_up[experts], down[experts]
-        places = slots.repeat_interleave(counts) * capacity + groups.ranks[pairs]  # (P,)
-        tokens = groups.tokens[pairs]
-        rows = x.new_zeros(num_slots * capacity, x.shape[1], dtype=dtype)
-        rows[places] = x[tokens].to(dtype)
-        h = torch.bmm(rows.view(num_slots, capacity, -1), gate_up_w.to(dtype).transpose(1, 2))
-        h = clamped_swiglu(h, limit)  # (slots, C, I)
-        y = torch.bmm(h, down_w.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
+            experts = groups.experts[lo:hi]
+            if as_view:
+                slots = experts - first
+                gate_up_w, down_w = gate_up[first : first + span], down[first : first + span]
+            else:
+                slots = torch.arange(hi - lo, device=x.device)
+                gate_up_w, down_w = gate_up[experts], down[experts]
+            places = slots.repeat_interleave(counts) * capacity + groups.ranks[pairs]  # (P,)
+            rows = x.new_zeros(num_slots * capacity, x.shape[1], dtype=dtype)
+            rows[places] = x[tokens].to(dtype)
+            h = torch.bmm(rows.view(num_slots, capacity, -1), gate_up_w.to(dtype).transpose(1, 2))
+            h = clamped_swiglu(h, limit)  # (slots, C, I)
+            y = torch.bmm(h, down_w.to(dtype).transpose(1, 2)).flatten(0, 1)[places]  # (P, hidden)
         out.index_add_(0, tokens, y * groups.weights[pairs, None].to(dtype))
     return out
+
+
+def _expert_by_expert(
+    rows: torch.Tensor,  # (P, hidden): the pairs' inputs, sorted by expert
+    starts: list[int],  # G + 1: each expert's first pair in rows, then P
+    experts: list[int],  # G: the experts hit, local ids
+    gate_up: torch.Tensor,  # (E, 2I, hidden)
+    down: torch.Tensor,  # (E, hidden, I)
+    limit: float,
+) -> torch.Tensor:
+    """(P, hidden): each pair's expert output, one expert's contiguous rows at a time."""
+    y = torch.empty_like(rows)
+    for expert, lo, hi in zip(experts, starts, starts[1:], strict=False):
+        h = clamped_swiglu(F.linear(rows[lo:hi], gate_up[expert].to(rows.dtype)), limit)
+        y[lo:hi] = F.linear(h, down[expert].to(rows.dtype))
+    return y
 
 
 def dense_swiglu(

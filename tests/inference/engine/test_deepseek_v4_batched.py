@@ -104,24 +104,26 @@ def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):
     return out
 
 
-# Dense experts grouped or every expert on every token; packed ones are always grouped.
+# Dense experts grouped (padded to one batch, or expert by expert on their sorted rows) or
+# every expert on every token; packed ones are always grouped.
 @pytest.mark.parametrize(
-    ("packed", "dense"),
-    [(False, False), (False, True), (True, False)],
-    ids=["grouped", "dense", "fp4"],
+    ("packed", "dense", "padded"),
+    [(False, False, True), (False, False, False), (False, True, True), (True, False, True)],
+    ids=["grouped", "expert-by-expert", "dense", "fp4"],
 )
 @pytest.mark.parametrize("share", [None, range(2, 5)])
 # Some experts never hit, every one, or two far apart (the experts hit copied out, not a view
 # of their span).
 @pytest.mark.parametrize("routed", [range(6), range(8), (0, 7)], ids=["6", "8", "0-and-7"])
 def test_grouped_experts_equal_a_loop_over_experts(
-    model, monkeypatch, packed, share, routed, dense
+    model, monkeypatch, packed, share, routed, dense, padded
 ):
     """Chunks of 3 experts (the default takes the tiny model's at once): the chunking too."""
     experts = model.model.layers[3].mlp.experts
     expert_size = experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
     monkeypatch.setattr(grouped_experts, "WEIGHT_BUDGET", 3 * expert_size)
     monkeypatch.setattr(grouped_experts, "DENSE_WASTE_BUDGET", 1 << 40 if dense else -1)
+    monkeypatch.setattr(grouped_experts, "PADDING_WASTE_BUDGET", 1 << 40 if padded else -1)
     generator = torch.Generator().manual_seed(len(routed))
     num_tokens = 11
     x = torch.randn(num_tokens, experts.gate_up_proj.shape[2], generator=generator)
