@@ -1,12 +1,17 @@
 """mHC on the CPU (compiled loops, deepseek_v4.hyper_connections_cpu) against its tensor-op
-form (what runs elsewhere), at decode and prefill sizes: the Sinkhorn, and the gates around it."""
+form (what runs elsewhere), at decode and prefill sizes: the Sinkhorn, the gates around it, and
+the streams collapsed and mixed."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.hyper_connections import (
     HyperConnection,
+    mix_compiled,
+    mix_tensor_ops,
+    runs_compiled,
     sinkhorn,
 )
 from inference.engine.models.deepseek_v4.hyper_connections_cpu import sinkhorn_in_place
@@ -41,3 +46,32 @@ def test_the_compiled_gates_equal_the_tensor_ops(num_tokens):
     with torch.inference_mode():
         for got, want in zip(hyper._gates_compiled(mixes), hyper.gates(mixes), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 300])
+def test_the_compiled_collapse_and_mix_equal_their_definition(num_tokens):
+    """A block's input collapsed from the streams (Σ_j pre_j · stream_j) and its output mixed
+    back (post_k · out + Σ_j comb[j, k] · stream_j): the CPU's compiled loops and the tensor
+    ops other devices run, against the sums written out."""
+    config = DeepseekV4Config.from_hf_config(dict(TINY_CONFIG, vocab_size=64))
+    hyper = HyperConnection(config)
+    generator = torch.Generator().manual_seed(num_tokens)
+    n, hidden = config.hc_mult, config.hidden_size
+    with torch.no_grad():
+        hyper.fn.copy_(torch.randn(hyper.fn.shape, generator=generator) * 0.05)
+    streams = torch.randn(num_tokens, n, hidden, generator=generator)
+    out = torch.randn(num_tokens, hidden, generator=generator)
+    post = torch.rand(num_tokens, n, generator=generator)
+    comb = torch.rand(num_tokens, n, n, generator=generator)
+    want_mix = post[..., None] * out[:, None, :] + torch.einsum("tjk,tjd->tkd", comb, streams)
+    with torch.inference_mode():
+        assert runs_compiled(streams)
+        torch.testing.assert_close(mix_compiled(post, comb, out, streams), want_mix)
+        torch.testing.assert_close(mix_tensor_ops(post, comb, out, streams), want_mix)
+        pre, _, _ = hyper.gates(
+            F.linear(F.rms_norm(streams.flatten(1), (n * hidden,), eps=hyper.norm_eps), hyper.fn)
+        )
+        _, _, collapsed = hyper(streams)
+    torch.testing.assert_close(collapsed, torch.einsum("tj,tjd->td", pre, streams))
+    with torch.enable_grad():  # a gradient asked for: the tensor ops, not the loops
+        assert not runs_compiled(streams)

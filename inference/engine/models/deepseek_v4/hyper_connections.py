@@ -3,6 +3,7 @@ streams, collapsed into each block's input and mixed back with a doubly-stochast
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +20,16 @@ from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
 COMPILED_GATES_MAX_TOKENS = 512
 
 
+def runs_compiled(streams: torch.Tensor) -> bool:
+    """Whether the CPU's compiled loops (hyper_connections_cpu) take these streams: fp32 on the
+    CPU, no gradient asked for."""
+    return (
+        streams.device.type == "cpu"
+        and streams.dtype == torch.float32
+        and not torch.is_grad_enabled()
+    )
+
+
 class HyperConnection(nn.Module):
     """mHC: from the hc_mult streams, weights to collapse them into a block's input (pre), to
     spread its output back (post), and a doubly-stochastic mix of the streams (comb)."""
@@ -31,14 +42,22 @@ class HyperConnection(nn.Module):
         self.fn = nn.Parameter(torch.zeros((2 + n) * n, n * config.hidden_size))
         self.base = nn.Parameter(torch.zeros((2 + n) * n))
         self.scale = nn.Parameter(torch.ones(3))
+        self._arrays: tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = None
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)  # (T, n·hidden)
         mixes = F.linear(flat, self.fn.float())  # (T, (2 + n)·n): pre, post and comb's logits
-        if mixes.device.type == "cpu" and len(mixes) <= COMPILED_GATES_MAX_TOKENS:
+        compiled = runs_compiled(streams)
+        if compiled and len(mixes) <= COMPILED_GATES_MAX_TOKENS:
             pre, post, comb = self._gates_compiled(mixes)
         else:
             pre, post, comb = self.gates(mixes)
+        if compiled:
+            from inference.engine.models.deepseek_v4.hyper_connections_cpu import collapse
+
+            collapsed = np.empty((streams.shape[0], streams.shape[2]), np.float32)
+            collapse(pre.contiguous().numpy(), streams.contiguous().numpy(), collapsed)
+            return post, comb, torch.from_numpy(collapsed)
         collapsed = torch.bmm(pre.to(streams.dtype).unsqueeze(1), streams)[:, 0]  # (T, hidden)
         return post, comb, collapsed
 
@@ -57,19 +76,23 @@ class HyperConnection(nn.Module):
         from inference.engine.models.deepseek_v4.hyper_connections_cpu import hyper_gates
 
         n, num_tokens = self.hc_mult, mixes.shape[0]
-        pre, post = mixes.new_empty(num_tokens, n), mixes.new_empty(num_tokens, n)
-        comb = mixes.new_empty(num_tokens, n, n)
-        hyper_gates(
-            mixes.contiguous().numpy(),
-            self.scale.detach().float().numpy(),
-            self.base.detach().float().numpy(),
-            self.iters,
-            self.eps,
-            pre.numpy(),
-            post.numpy(),
-            comb.numpy(),
-        )
-        return pre, post, comb
+        pre, post = np.empty((num_tokens, n), np.float32), np.empty((num_tokens, n), np.float32)
+        comb = np.empty((num_tokens, n, n), np.float32)
+        scale, base = self._gate_arrays()
+        hyper_gates(mixes.contiguous().numpy(), scale, base, self.iters, self.eps, pre, post, comb)
+        return torch.from_numpy(pre), torch.from_numpy(post), torch.from_numpy(comb)
+
+    def _gate_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """scale and base as fp32 arrays: views of the parameters, made again only when either
+        is another tensor (at a decode step the conversions were ~28 small torch ops a call);
+        a parameter in another dtype is converted each call."""
+        params = (self.scale, self.base)
+        if any(p.dtype != torch.float32 for p in params):
+            return tuple(p.detach().float().numpy() for p in params)
+        key = tuple(p.data_ptr() for p in params)
+        if self._arrays is None or self._arrays[0] != key:
+            self._arrays = (key, tuple(p.detach().numpy() for p in params))
+        return self._arrays[1]
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -106,7 +129,26 @@ def mix(
     post: torch.Tensor, comb: torch.Tensor, out: torch.Tensor, streams: torch.Tensor
 ) -> torch.Tensor:
     """The block's output spread over the streams, plus the streams mixed (comb read as
-    sum_j comb[j, k] · stream_j)."""
+    sum_j comb[j, k] · stream_j): the CPU's compiled loop where it takes them, else tensor ops."""
+    if runs_compiled(streams) and out.dtype == torch.float32:
+        return mix_compiled(post, comb, out, streams)
+    return mix_tensor_ops(post, comb, out, streams)
+
+
+def mix_compiled(
+    post: torch.Tensor, comb: torch.Tensor, out: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
+    from inference.engine.models.deepseek_v4.hyper_connections_cpu import mix_into
+
+    mixed = np.empty(streams.shape, np.float32)
+    arrays = (t.contiguous().numpy() for t in (post, comb, out, streams))
+    mix_into(*arrays, mixed)
+    return torch.from_numpy(mixed)
+
+
+def mix_tensor_ops(
+    post: torch.Tensor, comb: torch.Tensor, out: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
     dtype = streams.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
         comb.to(dtype).transpose(-1, -2), streams
