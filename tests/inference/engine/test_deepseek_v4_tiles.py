@@ -123,7 +123,10 @@ def test_window_and_whole_entries_equal_the_gathered_reference(step):
                     q_tiled[chunk],
                     [
                         SharedKeys(
-                            step.window_pool, tiles.window_slots[chunk], tiles.window_mask[chunk]
+                            step.window_pool,
+                            tiles.window_slots[chunk],
+                            tiles.window_mask[chunk],
+                            tiles.window_bias[chunk],
                         ),
                         SharedKeys(step.entry_pool, *entries.of_tiles(chunk)),
                     ],
@@ -154,7 +157,9 @@ def test_picked_entries_equal_the_gathered_reference(step):
         return tiled_attention(
             _in_tiles(q, tiles),
             [
-                SharedKeys(step.window_pool, tiles.window_slots, tiles.window_mask),
+                SharedKeys(
+                    step.window_pool, tiles.window_slots, tiles.window_mask, tiles.window_bias
+                ),
                 OwnKeys(step.entry_pool, own),
             ],
             sinks,

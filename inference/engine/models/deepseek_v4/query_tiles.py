@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.engine.models.deepseek_v4.step_tables import PAD, StepTables
+from inference.engine.models.deepseek_v4.tiled_attention import mask_bias
 
 # Queries a tile holds at most: larger tiles gather fewer rows but compute more masked logits
 # (a tile's queries each score size + W - 1 window keys, W of them live).
@@ -32,15 +33,16 @@ class TileEntries:
 
     rows: torch.Tensor  # (tiles, E): pool rows of the entries the tile's last query sees, PAD
     visible: torch.Tensor  # (tiles, size, E) bool: query b of the tile sees entry e
+    bias: torch.Tensor  # (tiles, size, E) fp32: tiled_attention.mask_bias(visible)
     counts: torch.Tensor  # (tiles,) CPU: the entries each tile sees (its rows' live prefix)
 
-    def of_tiles(self, chunk: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """rows and visible of the tiles `chunk`, cut to the most entries one of them sees: a
-        chunk of a prefill's first tiles is not padded to what the step's last tile sees (the
-        town workload's entries were 31% padding, 18% so cut)."""
+    def of_tiles(self, chunk: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """rows, visible and bias of the tiles `chunk`, cut to the most entries one of them
+        sees: a chunk of a prefill's first tiles is not padded to what the step's last tile
+        sees (the town workload's entries were 31% padding, 18% so cut)."""
         counts = self.counts[chunk]
         width = int(counts.max()) if len(counts) else 0
-        return self.rows[chunk, :width], self.visible[chunk, :, :width]
+        return self.rows[chunk, :width], self.visible[chunk, :, :width], self.bias[chunk, :, :width]
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class QueryTiles:
     rows: torch.Tensor  # (tiles, size): the step's query rows, PAD past the tile's last query
     window_slots: torch.Tensor  # (tiles, size + W - 1): sliding slots of the tile's keys, PAD
     window_mask: torch.Tensor  # (tiles, size, size + W - 1) bool: query b reads key j
+    window_bias: torch.Tensor  # (tiles, size, size + W - 1) fp32: mask_bias(window_mask)
     live_queries: torch.Tensor  # (tiles, size) CPU: rows >= 0
     positions: torch.Tensor  # (tiles, size) CPU: each query's position (past the last: its own)
     last_positions: torch.Tensor  # (tiles,) CPU: the position of the tile's last query
@@ -99,11 +102,13 @@ class QueryTiles:
         band = (offset >= 0) & (offset < window)
         mask = band & live_keys[:, None, :] & live_queries[:, :, None]
         device = tables.device
+        mask = mask.to(device)
         return cls(
             size,
             rows.to(device),
             slots.to(device),
-            mask.to(device),
+            mask,
+            mask_bias(mask),
             live_queries,
             positions,
             last,
@@ -130,4 +135,5 @@ class QueryTiles:
         rows = tables._entry_rows(kind, rate, self.sequences[:, None].expand_as(entry), entry, live)
         visible = entry[:, None, :] < ((self.positions + 1) // rate)[:, :, None]
         visible &= live[:, None, :] & self.live_queries[:, :, None]
-        return TileEntries(rows.to(tables.device), visible.to(tables.device), closed)
+        visible = visible.to(tables.device)
+        return TileEntries(rows.to(tables.device), visible, mask_bias(visible), closed)
