@@ -13,12 +13,6 @@ from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
 
 # ---- hyper-connections ------------------------------------------------------------------------
 
-# Up to this many tokens the CPU computes the gates in one compiled loop (a few floats a token,
-# where the tensor ops are ~20 small ops): 50 against 700 µs at 8 tokens, 330 against 610 at
-# 256; from ~600 the tensor ops' vectorized exp wins (1.3-1.6 against 1.7-1.8 ms at 800).
-# `python -m benchmarks v4-ops` times both.
-COMPILED_GATES_MAX_TOKENS = 512
-
 
 def runs_compiled(streams: torch.Tensor) -> bool:
     """Whether the CPU's compiled loops (hyper_connections_cpu) take these streams: fp32 on the
@@ -47,17 +41,14 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)  # (T, n·hidden)
         mixes = F.linear(flat, self.fn.float())  # (T, (2 + n)·n): pre, post and comb's logits
-        compiled = runs_compiled(streams)
-        if compiled and len(mixes) <= COMPILED_GATES_MAX_TOKENS:
-            pre, post, comb = self._gates_compiled(mixes)
-        else:
-            pre, post, comb = self.gates(mixes)
-        if compiled:
+        if runs_compiled(streams):  # gates 74 against 760 µs at 8 tokens, 858 / 1,491 at 800
             from inference.engine.models.deepseek_v4.hyper_connections_cpu import collapse
 
+            pre, post, comb = self._gates_compiled(mixes)
             collapsed = np.empty((streams.shape[0], streams.shape[2]), np.float32)
             collapse(pre.contiguous().numpy(), streams.contiguous().numpy(), collapsed)
             return post, comb, torch.from_numpy(collapsed)
+        pre, post, comb = self.gates(mixes)
         collapsed = torch.bmm(pre.to(streams.dtype).unsqueeze(1), streams)[:, 0]  # (T, hidden)
         return post, comb, collapsed
 
