@@ -106,7 +106,14 @@ def grouped_swiglu(
         padding = num_slots * capacity - (pairs.stop - pairs.start)
         if padding * expert_size > PADDING_WASTE_BUDGET * (hi - lo):
             starts = [start - pairs.start for start in pair_starts[lo : hi + 1]]
-            y = _expert_by_expert(x[tokens].to(dtype), starts, hit[lo:hi], gate_up, down, limit)
+            y = _expert_by_expert(
+                x[tokens].to(dtype),
+                starts,
+                hit[lo:hi],
+                lambda expert, rows: F.linear(rows, gate_up[expert].to(dtype)),
+                lambda expert, h: F.linear(h, down[expert].to(dtype)),
+                limit,
+            )
         else:
             experts = groups.experts[lo:hi]
             if as_view:
@@ -129,15 +136,14 @@ def _expert_by_expert(
     rows: torch.Tensor,  # (P, hidden): the pairs' inputs, sorted by expert
     starts: list[int],  # G + 1: each expert's first pair in rows, then P
     experts: list[int],  # G: the experts hit, local ids
-    gate_up: torch.Tensor,  # (E, 2I, hidden)
-    down: torch.Tensor,  # (E, hidden, I)
+    gate_up: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, (n, hidden)) → (n, 2I)
+    down: Callable[[int, torch.Tensor], torch.Tensor],  # (expert, (n, I)) → (n, hidden)
     limit: float,
 ) -> torch.Tensor:
     """(P, hidden): each pair's expert output, one expert's contiguous rows at a time."""
     y = torch.empty_like(rows)
     for expert, lo, hi in zip(experts, starts, starts[1:], strict=False):
-        h = clamped_swiglu(F.linear(rows[lo:hi], gate_up[expert].to(rows.dtype)), limit)
-        y[lo:hi] = F.linear(h, down[expert].to(rows.dtype))
+        y[lo:hi] = down(expert, clamped_swiglu(gate_up(expert, rows[lo:hi]), limit))
     return y
 
 
@@ -173,14 +179,10 @@ def swiglu_per_expert(
     """(T, hidden) fp32: grouped_swiglu's sum, one expert hit at a time through the caller's
     matmuls (`expert` a local id)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    pair_starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
-    for i, expert in enumerate(groups.experts.tolist()):
-        pairs = slice(pair_starts[i], pair_starts[i + 1])
-        tokens = groups.tokens[pairs]
-        h = clamped_swiglu(gate_up(expert, x[tokens].float()), limit)
-        y = down(expert, h)
-        out.index_add_(0, tokens, y * groups.weights[pairs, None].float())
-    return out
+    starts = F.pad(groups.counts.cumsum(0), (1, 0)).tolist()
+    rows = x[groups.tokens].float()  # sorted by expert
+    y = _expert_by_expert(rows, starts, groups.experts.tolist(), gate_up, down, limit)
+    return out.index_add_(0, groups.tokens, y * groups.weights[:, None].float())
 
 
 def clamped_swiglu(h: torch.Tensor, limit: float) -> torch.Tensor:

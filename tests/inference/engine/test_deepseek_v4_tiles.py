@@ -122,12 +122,7 @@ def test_window_and_whole_entries_equal_the_gathered_reference(step):
                 tiled_attention(
                     q_tiled[chunk],
                     [
-                        SharedKeys(
-                            step.window_pool,
-                            tiles.window_slots[chunk],
-                            tiles.window_mask[chunk],
-                            tiles.window_bias[chunk],
-                        ),
+                        SharedKeys(step.window_pool, *tiles.window_of(chunk)),
                         SharedKeys(step.entry_pool, *entries.of_tiles(chunk)),
                     ],
                     sinks,
@@ -157,9 +152,7 @@ def test_picked_entries_equal_the_gathered_reference(step):
         return tiled_attention(
             _in_tiles(q, tiles),
             [
-                SharedKeys(
-                    step.window_pool, tiles.window_slots, tiles.window_mask, tiles.window_bias
-                ),
+                SharedKeys(step.window_pool, *tiles.window_of(slice(None))),
                 OwnKeys(step.entry_pool, own),
             ],
             sinks,

@@ -249,8 +249,7 @@ class Attention(nn.Module):
             for lo in range(0, tiles.num_tiles, step):  # chunks of tiles
                 chunk = slice(lo, lo + step)
                 rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's
-                window = (tiles.window_slots, tiles.window_mask, tiles.window_bias)
-                parts = [SharedKeys(state.window, *(part[chunk] for part in window))]
+                parts = [SharedKeys(state.window, *tiles.window_of(chunk))]
                 if entries is not None:
                     shared = entries.of_tiles(chunk)
                     if self.kind == CSA:

@@ -44,10 +44,10 @@ class HyperConnection(nn.Module):
         if runs_compiled(streams):  # gates 74 against 760 µs at 8 tokens, 858 / 1,491 at 800
             from inference.engine.models.deepseek_v4.hyper_connections_cpu import collapse
 
-            pre, post, comb = self._gates_compiled(mixes)
+            pre, post, comb = self._compiled_gate_arrays(mixes)
             collapsed = np.empty((streams.shape[0], streams.shape[2]), np.float32)
-            collapse(pre.contiguous().numpy(), streams.contiguous().numpy(), collapsed)
-            return post, comb, torch.from_numpy(collapsed)
+            collapse(pre, streams.contiguous().numpy(), collapsed)
+            return torch.from_numpy(post), torch.from_numpy(comb), torch.from_numpy(collapsed)
         pre, post, comb = self.gates(mixes)
         collapsed = torch.bmm(pre.to(streams.dtype).unsqueeze(1), streams)[:, 0]  # (T, hidden)
         return post, comb, collapsed
@@ -64,16 +64,20 @@ class HyperConnection(nn.Module):
         return pre, post, sinkhorn(comb, self.iters, self.eps)
 
     def _gates_compiled(self, mixes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """gates' pre, post and comb through the CPU's compiled loop."""
+        return tuple(torch.from_numpy(a) for a in self._compiled_gate_arrays(mixes))
+
+    def _compiled_gate_arrays(self, mixes: torch.Tensor) -> tuple[np.ndarray, ...]:
         from inference.engine.models.deepseek_v4.hyper_connections_cpu import hyper_gates
 
         n, num_tokens = self.hc_mult, mixes.shape[0]
         pre, post = np.empty((num_tokens, n), np.float32), np.empty((num_tokens, n), np.float32)
         comb = np.empty((num_tokens, n, n), np.float32)
-        scale, base = self._gate_arrays()
+        scale, base = self._parameter_arrays()
         hyper_gates(mixes.contiguous().numpy(), scale, base, self.iters, self.eps, pre, post, comb)
-        return torch.from_numpy(pre), torch.from_numpy(post), torch.from_numpy(comb)
+        return pre, post, comb
 
-    def _gate_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def _parameter_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """scale and base as fp32 arrays: views of the parameters, made again only when either
         is another tensor (at a decode step the conversions were ~28 small torch ops a call);
         a parameter in another dtype is converted each call."""

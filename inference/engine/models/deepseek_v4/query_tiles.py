@@ -115,6 +115,10 @@ class QueryTiles:
             seq,
         )
 
+    def window_of(self, chunk: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """window_slots, window_mask and window_bias of the tiles `chunk`."""
+        return self.window_slots[chunk], self.window_mask[chunk], self.window_bias[chunk]
+
     @property
     def num_tiles(self) -> int:
         return self.rows.shape[0]
