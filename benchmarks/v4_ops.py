@@ -7,6 +7,12 @@
 2. A hyper-connection (the tiny V4's: 4 streams) at 8 and 800 tokens, the CPU's compiled gates
    and Sinkhorn (deepseek_v4.hyper_connections_cpu) against the tensor-op form other devices
    run, alternated in one process, µs a call.
+3. Three pieces of a 1,024-token prefill chunk at the tiny V4's shapes, each form against the
+   one it replaced, alternated, µs a call: the streams mixed back (compiled loop / tensor ops);
+   the routed experts (expert by expert / padded to one batch), routed by the tiny checkpoint's
+   hash layer on a town prompt's last 1,024 tokens, whose uneven routing is what padding
+   wastes; a tile chunk's window logits masked (a bias added / masked_fill with a mask
+   broadcast over the heads).
 """
 
 from __future__ import annotations
@@ -21,8 +27,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.lib.workload import build_workload, chat_tokenizer_for
 from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine.models import grouped_experts, load_model
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
-from inference.engine.models.deepseek_v4.hyper_connections import HyperConnection
+from inference.engine.models.deepseek_v4.hyper_connections import (
+    HyperConnection,
+    mix_compiled,
+    mix_tensor_ops,
+)
+from inference.engine.models.deepseek_v4.tiled_attention import mask_bias
 from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
 from inference.engine.runner.model_runner import ModelRunner
 
@@ -31,7 +43,7 @@ MODEL = "deepseek-v4-tiny-random"
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-flight", type=int, default=8, help="sequences decoding together")
-    parser.add_argument("--calls", type=int, default=200, help="hyper-connection calls timed")
+    parser.add_argument("--calls", type=int, default=200, help="calls of each timed form")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,6 +59,9 @@ def main(args: argparse.Namespace) -> int:
     for tokens in (8, 800):
         compiled, tensor_ops = time_hyper_connection(tokens, args.calls)
         print(f"  {tokens:4d} tokens: {compiled:8.1f} / {tensor_ops:8.1f}")
+    print(f"a {PREFILL_TOKENS}-token prefill chunk, µs a call (this form / the one it replaced):")
+    for name, (new, old) in time_prefill_pieces(args.calls).items():
+        print(f"  {name}: {new:8.1f} / {old:8.1f}")
     return 0
 
 
@@ -99,20 +114,83 @@ def count_decode_ops(in_flight: int) -> collections.Counter[str]:
 def time_hyper_connection(tokens: int, calls: int) -> tuple[float, float]:
     """µs a call of the tiny V4's hyper-connection gates: the CPU's compiled loop, the tensor
     ops; alternated in rounds of calls / 10."""
-    hyper = HyperConnection(DeepseekV4Config.from_hf_config(dict(TINY_CONFIG, vocab_size=64)))
+    hyper = HyperConnection(_tiny_config())
     generator = torch.Generator().manual_seed(tokens)
     with torch.no_grad():
         hyper.base.copy_(torch.randn(hyper.base.shape, generator=generator))
         hyper.scale.copy_(torch.rand(3, generator=generator) + 0.5)
     mixes = torch.randn(tokens, hyper.base.numel(), generator=generator)
+    return _alternated(lambda: hyper._gates_compiled(mixes), lambda: hyper.gates(mixes), calls)
+
+
+PREFILL_TOKENS = 1024
+
+
+def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
+    config, tokens = _tiny_config(), PREFILL_TOKENS
+    generator = torch.Generator().manual_seed(tokens)
+    n, hidden = config.hc_mult, config.hidden_size
+    post = torch.rand(tokens, n, generator=generator)
+    comb = torch.rand(tokens, n, n, generator=generator)
+    out = torch.randn(tokens, hidden, generator=generator)
+    streams = torch.randn(tokens, n, hidden, generator=generator)
+
+    # The tiny V4's own hash-routed layer on a town prompt's tokens: the routing a prefill sees.
+    loaded = load_model(MODEL, torch.device("cpu"))
+    workload = build_workload(chat_tokenizer_for(loaded.tokenizer), num_requests=1)
+    ids = torch.tensor(loaded.tokenizer.apply_chat_template(workload.requests[0])[-tokens:])
+    moe = loaded.model.model.layers[1].mlp
+    experts = moe.experts
+    x = torch.randn(len(ids), hidden, generator=generator)
+    with torch.inference_mode():
+        indices, weights = moe.gate(x, ids)
+    groups = grouped_experts.group_by_expert(indices, weights, experts.expert_ids)
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+
+    def experts_with(budget: int):
+        def run():
+            grouped_experts.PADDING_WASTE_BUDGET = budget
+            try:
+                grouped_experts.grouped_swiglu(x, groups, gate_up, down, experts.limit, x.dtype)
+            finally:
+                grouped_experts.PADDING_WASTE_BUDGET = budget_now
+
+        return run
+
+    budget_now = grouped_experts.PADDING_WASTE_BUDGET
+    tiles, size, keys = tokens // 32 + 1, 32, 32 + config.sliding_window - 1
+    logits = torch.randn(tiles, size, config.num_heads, keys, generator=generator)
+    mask = torch.rand(tiles, size, keys, generator=generator) > 0.2
+    bias = mask_bias(mask)
+    return {
+        "streams mixed back": _alternated(
+            lambda: mix_compiled(post, comb, out, streams),
+            lambda: mix_tensor_ops(post, comb, out, streams),
+            calls,
+        ),
+        "routed experts": _alternated(experts_with(-1), experts_with(1 << 60), calls),
+        "window logits masked": _alternated(
+            lambda: logits.clone().add_(bias[:, :, None, :]),
+            lambda: logits.clone().masked_fill_(~mask[:, :, None, :], float("-inf")),
+            calls,
+        ),
+    }
+
+
+def _tiny_config() -> DeepseekV4Config:
+    return DeepseekV4Config.from_hf_config(dict(TINY_CONFIG, vocab_size=64))
+
+
+def _alternated(first, second, calls: int) -> tuple[float, float]:
+    """µs a call of each, after one call of each, alternated in 10 rounds of calls / 10."""
     totals = [0.0, 0.0]
     rounds, per_round = 10, max(1, calls // 10)
     with torch.inference_mode():
-        hyper._gates_compiled(mixes)  # compiled (or loaded from numba's cache) before timing
+        first(), second()  # compiled (or loaded from numba's cache) before timing
         for _ in range(rounds):
-            for i, gates in enumerate((hyper._gates_compiled, hyper.gates)):
+            for i, run in enumerate((first, second)):
                 start = time.perf_counter()
                 for _ in range(per_round):
-                    gates(mixes)
+                    run()
                 totals[i] += time.perf_counter() - start
     return tuple(1e6 * total / (rounds * per_round) for total in totals)

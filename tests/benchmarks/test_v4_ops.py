@@ -1,5 +1,6 @@
 """`python -m benchmarks v4-ops`: a decode step's ops counted by the file that issued them, and
-mHC's compiled gates timed against the tensor ops."""
+mHC's compiled gates timed against the tensor ops, and three prefill pieces against the forms
+they replaced."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def test_counts_a_decode_steps_ops_and_times_both_forms(capsys) -> None:
     assert "engine/models/deepseek_v4/attention.py" in out
     times = re.findall(r"(\d+) tokens:\s+([\d.]+) /\s+([\d.]+)", out)
     assert [t[0] for t in times] == ["8", "800"] and all(float(v) > 0 for t in times for v in t[1:])
+    pieces = re.findall(r"^\s+([a-z ]+):\s+([\d.]+) /\s+([\d.]+)$", out, re.MULTILINE)
+    assert [p[0] for p in pieces] == [
+        "streams mixed back",
+        "routed experts",
+        "window logits masked",
+    ]
+    assert all(float(v) > 0 for p in pieces for v in p[1:])

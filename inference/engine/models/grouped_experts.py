@@ -32,7 +32,7 @@ DENSE_WASTE_BUDGET = 1 << 21
 # A chunk whose padding (capacity · experts − pairs rows) wastes more multiply-adds than this
 # per expert hit runs expert by expert instead (~6 ops an expert, no padding): a prefill chunk
 # of the tiny V4, whose random routing gives one expert 2-3× another's pairs, computed 2.5×
-# its pairs' rows padded (grouped_swiglu was 18% of its prefill step).
+# its pairs' rows padded (`python -m benchmarks v4-ops` times both on a 1,024-token chunk).
 PADDING_WASTE_BUDGET = 6 << 18
 
 

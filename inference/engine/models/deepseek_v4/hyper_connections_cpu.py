@@ -3,15 +3,16 @@ post through sigmoids, comb through a row softmax) and comb's Sinkhorn, a few fl
 where the tensor-op form (hyper_connections.HyperConnection.gates, run on other devices) is
 ~20 small ops, each of which costs more than its arithmetic at decode sizes; and the streams
 collapsed into a block's input and mixed back (`collapse`, `mix_into`), where the tensor form
-is a batch of n × n matrix products per token (a 1,024-token prefill chunk's took ~1.4 ms a
-call, the loop a third of it).
+is a batch of n × n matrix products per token (about 3x slower at a 1,024-token prefill
+chunk).
 
 The Sinkhorn normalizes each token's n × n matrix in place, in the order of
 hyper_connections.sinkhorn (columns first, then rows and columns `iters` - 1 times, each sum
 + eps, summed in index order), in float32, multiplying by each sum's reciprocal where the tensor
-form divides by it (2.2x faster at 1,024 tokens: the divisions bound the loop): the two agree
-to ~1e-6 relative. The gates with it: ~10x faster than the tensor ops at decode sizes, ~1.7x
-at a prefill chunk's 800 tokens (`python -m benchmarks v4-ops` times both).
+form divides by it (the divisions bound the loop; in lanes they alone were no faster): the
+two agree to ~1e-6 relative. The gates with it: ~10x faster than the tensor ops at decode
+sizes, ~1.8x at a prefill chunk's 800 tokens. `python -m benchmarks v4-ops` times the gates
+and the mix against their tensor forms.
 
 Compiled at model load on the CPU (`warm`) and cached on disk (numba's cache): the first
 process pays the ~1 s compile, later ones load it.
