@@ -4,6 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.setup-done
+# pytest's processes for `make test` (pytest-xdist, tests handed out one at a time so a long one
+# does not hold back the rest). Much of the suite waits on worker processes, browsers and sockets:
+# two on two cores took 18.9 min where one took 29.4 (README). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run test lint format bench clean
 
@@ -28,7 +32,7 @@ run: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: setup
 	$(VENV)/bin/ruff check --fix .
