@@ -13,6 +13,8 @@
    hash layer on a town prompt's last 1,024 tokens, whose uneven routing is what padding
    wastes; a tile chunk's window logits masked (a bias added / masked_fill with a mask
    broadcast over the heads).
+4. The logits head at the tiny V4's shape (49,152 × 128) for 1, 2 and 8 rows: the compiled loop
+   (models/logits_head.py) against F.linear, alternated, µs a call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.lib.workload import build_workload, chat_tokenizer_for
@@ -36,6 +39,7 @@ from inference.engine.models.deepseek_v4.hyper_connections import (
 )
 from inference.engine.models.deepseek_v4.tiled_attention import mask_bias
 from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
+from inference.engine.models.logits_head import compiled_logits
 from inference.engine.runner.model_runner import ModelRunner
 
 MODEL = "deepseek-v4-tiny-random"
@@ -62,6 +66,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"a {PREFILL_TOKENS}-token prefill chunk, µs a call (this form / the one it replaced):")
     for name, (new, old) in time_prefill_pieces(args.calls).items():
         print(f"  {name}: {new:8.1f} / {old:8.1f}")
+    print(f"the logits head ({HEAD_VOCAB:,} × {TINY_CONFIG['hidden_size']}), µs a call "
+          "(compiled loop / torch):")  # fmt: skip
+    for rows, (loop, linear) in time_logits_head(args.calls).items():
+        print(f"  {rows:4d} rows: {loop:8.1f} / {linear:8.1f}")
     return 0
 
 
@@ -175,6 +183,21 @@ def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
             calls,
         ),
     }
+
+
+HEAD_VOCAB = 49_152  # the tiny V4's vocabulary (SmolLM2's tokenizer)
+
+
+def time_logits_head(calls: int) -> dict[int, tuple[float, float]]:
+    generator = torch.Generator().manual_seed(HEAD_VOCAB)
+    weight = torch.randn(HEAD_VOCAB, TINY_CONFIG["hidden_size"], generator=generator)
+    times = {}
+    for rows in (1, 2, 8):
+        h = torch.randn(rows, weight.shape[1], generator=generator)
+        times[rows] = _alternated(
+            lambda h=h: compiled_logits(h, weight), lambda h=h: F.linear(h, weight), calls
+        )
+    return times
 
 
 def _tiny_config() -> DeepseekV4Config:

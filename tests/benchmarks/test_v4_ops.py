@@ -1,6 +1,6 @@
 """`python -m benchmarks v4-ops`: a decode step's ops counted by the file that issued them, and
-mHC's compiled gates timed against the tensor ops, and three prefill pieces against the forms
-they replaced."""
+mHC's compiled gates timed against the tensor ops, three prefill pieces against the forms they
+replaced, and the logits head's compiled loop against F.linear."""
 
 from __future__ import annotations
 
@@ -30,3 +30,6 @@ def test_counts_a_decode_steps_ops_and_times_both_forms(capsys) -> None:
         "window logits masked",
     ]
     assert all(float(v) > 0 for p in pieces for v in p[1:])
+    head = re.findall(r"^\s+(\d+) rows:\s+([\d.]+) /\s+([\d.]+)$", out, re.MULTILINE)
+    assert [h[0] for h in head] == ["1", "2", "8"]
+    assert all(float(v) > 0 for h in head for v in h[1:])

@@ -37,6 +37,7 @@ from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.model import DeepseekV4ForCausalLM, rotary_embeddings
 from inference.engine.models.deepseek_v4.moe import Experts
 from inference.engine.models.deepseek_v4.weights import SCALE_SUFFIXES, ModelName, model_name
+from inference.engine.models.logits_head import LogitsHead
 from inference.engine.models.packed.experts import PROJECTIONS, Fp4Experts
 from inference.engine.models.packed.formats import check_fp4, check_fp8
 from inference.engine.models.packed.linear import Fp8GroupedLinear, Fp8Linear
@@ -253,6 +254,8 @@ def load_deepseek_v4(
         from inference.engine.models.deepseek_v4.hyper_connections_cpu import warm
 
         warm()
+        if isinstance(model.lm_head, LogitsHead):  # the faster logits head on this machine
+            logger.info("%s", model.lm_head.choose())
     return model
 
 

@@ -35,6 +35,7 @@ from inference.engine.models.deepseek_v4.layers import RMSNorm, Ropes, Rotary, r
 from inference.engine.models.deepseek_v4.moe import MoE
 from inference.engine.models.deepseek_v4.mtp import MTPLayer
 from inference.engine.models.deepseek_v4.state import DeepseekV4Metadata, LayerState
+from inference.engine.models.logits_head import LogitsHead
 
 
 @dataclass(slots=True)
@@ -103,7 +104,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DeepseekV4Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LogitsHead(config.hidden_size, config.vocab_size)  # models/logits_head.py
         self.rotary = rotary_embeddings(config)
         # Last, so a checkpoint's random init draws the main weights as before (tiny.py).
         self.mtp = nn.ModuleList(
