@@ -2,12 +2,15 @@
 
 A decode step asks for the logits of a few rows (one a sequence in flight) against a weight that
 is wide and short: the tiny V4's is 49,152 × 128. MKL's sgemm on the 2-core AMD EPYC here took
-3.3 ms for one such row and 5–8 ms for two to sixteen (~10 GFLOP/s), the largest single op of a
-tiny V4 decode step; `dot_rows` (each vocabulary row's dot product with every hidden row, four
-vocabulary rows at a time past four hidden rows) took 0.6 ms and 1.3–4 ms (`python -m benchmarks
-v4-ops` times both). A BLAS that is fast for these shapes (MKL on an Intel CPU) should keep
-them, so `LogitsHead.choose` times both on the loaded weight once, at engine start, and the loop
-runs only where it won (and only for up to MAX_COMPILED_ROWS rows, past which the BLAS caught up).
+3.3–3.7 ms for one such row, 6.9–7.8 ms for two and 5.4–5.5 ms for eight (~10 GFLOP/s), the
+largest single op of a tiny V4 decode step; `dot_rows` (each vocabulary row's dot product with
+every hidden row, four vocabulary rows at a time past four hidden rows) 0.8–0.9, 1.1–1.2 and
+2.6–2.7 ms (`python -m benchmarks v4-ops`, part 4, two runs). A BLAS that is fast for these
+shapes (MKL on an Intel CPU) should keep them, so `LogitsHead.choose` times both on the loaded
+weight once, at engine start, and the loop runs only where it won (and only for up to
+MAX_COMPILED_ROWS rows, past which the BLAS caught up). On SmolLM2-135M's head (× 576) the loop
+won alone but not within its decode step, so the llama family keeps nn.Linear
+(docs/performance-history.md).
 
 The loop sums in another order than the BLAS (numba's reassociation, so the sums vectorize):
 the logits agree to ~1e-5, as two BLAS kernels for two batch shapes do.
@@ -15,7 +18,6 @@ the logits agree to ~1e-5, as two BLAS kernels for two batch shapes do.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -23,8 +25,6 @@ import torch
 import torch.nn.functional as F
 from numba import njit
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 # Rows past which the loop is not used (at 64 rows the BLAS was as fast).
 MAX_COMPILED_ROWS = 32
