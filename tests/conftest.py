@@ -6,7 +6,8 @@ redis_url -> str
     does not answer PING. It is never flushed (other test runs may share it): use unique keys and
     queue names.
 
-Every test starts with no compiled grammars in this process (grammar_compiler.shared_grammars:
+Every test starts with torch's thread count as the process had it before the test, and with no
+compiled grammars in this process (grammar_compiler.shared_grammars:
 engines of one tokenizer share them), so what one test compiled is not another's cache hit.
 
 celery_worker_process -> start(queue=None, *, env=None, concurrency=4, ready_timeout_s=180.0)
@@ -46,6 +47,19 @@ from django.conf import settings
 from tests.child_processes import child_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_as_found() -> Iterator[None]:
+    """A benchmark's main() or an engine may set torch's thread count for the whole process:
+    a later test (in this process, whichever pytest-xdist hands it) finds the count it started
+    with (test_kv_tiers' OpenMP test was skipped after v4-ops' test set it to one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
