@@ -35,36 +35,29 @@ CHOICE_MARGIN = 0.8
 @njit(fastmath={"reassoc", "contract"}, cache=True)
 def dot_rows(h: np.ndarray, weight: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
     """out[n, v] = h[n] · weight[v]. h (N, K), weight (V, K), out (N, V), float32, C-contiguous.
-    Up to four rows of h, one weight row at a time (its K floats read once for all of them);
-    more, four weight rows at a time, each row of h read once for the four. (Runs compiled.)"""
+    Past four rows of h, four weight rows at a time, each row of h read once for the four; up to
+    four rows (and the last V % 4 weight rows), one weight row at a time, its K floats read once
+    for every row of h. (Runs compiled.)"""
     num_vocab, k_dim = weight.shape
     num_rows = h.shape[0]
-    step = 1 if num_rows <= 4 else 4
-    end = num_vocab - num_vocab % step
-    for v in range(0, end, step):
-        if step == 1:
-            for n in range(num_rows):
-                acc = np.float32(0.0)
-                for k in range(k_dim):
-                    acc += weight[v, k] * h[n, k]
-                out[n, v] = acc
-        else:
-            for n in range(num_rows):
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                for k in range(k_dim):
-                    x = h[n, k]
-                    a0 += weight[v, k] * x
-                    a1 += weight[v + 1, k] * x
-                    a2 += weight[v + 2, k] * x
-                    a3 += weight[v + 3, k] * x
-                out[n, v] = a0
-                out[n, v + 1] = a1
-                out[n, v + 2] = a2
-                out[n, v + 3] = a3
-    for v in range(end, num_vocab):
+    blocked = num_vocab - num_vocab % 4 if num_rows > 4 else 0
+    for v in range(0, blocked, 4):
+        for n in range(num_rows):
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for k in range(k_dim):
+                x = h[n, k]
+                a0 += weight[v, k] * x
+                a1 += weight[v + 1, k] * x
+                a2 += weight[v + 2, k] * x
+                a3 += weight[v + 3, k] * x
+            out[n, v] = a0
+            out[n, v + 1] = a1
+            out[n, v + 2] = a2
+            out[n, v + 3] = a3
+    for v in range(blocked, num_vocab):
         for n in range(num_rows):
             acc = np.float32(0.0)
             for k in range(k_dim):
