@@ -12,9 +12,14 @@
    the routed experts (expert by expert / padded to one batch), routed by the tiny checkpoint's
    hash layer on a town prompt's last 1,024 tokens, whose uneven routing is what padding
    wastes; a tile chunk's window logits masked (a bias added / masked_fill with a mask
-   broadcast over the heads).
+   broadcast over the heads); a tile chunk's attention over its window and a CSA query's own
+   keys (the softmax over each part's logits in place / over the parts' logits joined, as
+   tiled_attention computed it before).
 4. The logits head at the tiny V4's shape (49,152 × 128) for 1, 2 and 8 rows: the compiled loop
    (models/logits_head.py) against F.linear, alternated, µs a call.
+5. The RMS norms at a prefill chunk's and a decode step's rows, over the hyper-connection's
+   4 × 128 streams and the hidden 128: the compiled loop (deepseek_v4.norms_cpu) against torch's
+   rms_norm, alternated, µs a call.
 """
 
 from __future__ import annotations
@@ -37,7 +42,15 @@ from inference.engine.models.deepseek_v4.hyper_connections import (
     mix_compiled,
     mix_tensor_ops,
 )
-from inference.engine.models.deepseek_v4.tiled_attention import mask_bias
+from inference.engine.models.deepseek_v4.norms_cpu import compiled_rms_norm
+from inference.engine.models.deepseek_v4.tiled_attention import (
+    OwnKeys,
+    SharedKeys,
+    mask_bias,
+    part_logits,
+    part_product,
+    tiled_attention,
+)
 from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
 from inference.engine.models.logits_head import compiled_logits
 from inference.engine.runner.model_runner import ModelRunner
@@ -70,6 +83,9 @@ def main(args: argparse.Namespace) -> int:
           "(compiled loop / torch):")  # fmt: skip
     for rows, (loop, linear) in time_logits_head(args.calls).items():
         print(f"  {rows:4d} rows: {loop:8.1f} / {linear:8.1f}")
+    print("RMS norms, µs a call (compiled loop / torch):")
+    for shape, (loop, torch_op) in time_norms(args.calls).items():
+        print(f"  {' × '.join(map(str, shape))}: {loop:8.1f} / {torch_op:8.1f}")
     return 0
 
 
@@ -170,6 +186,14 @@ def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
     logits = torch.randn(tiles, size, config.num_heads, keys, generator=generator)
     mask = torch.rand(tiles, size, keys, generator=generator) > 0.2
     bias = mask_bias(mask)
+    pool = torch.randn(4 * tokens, config.head_dim, generator=generator)
+    queries = torch.randn(tiles, size, config.num_heads, config.head_dim, generator=generator)
+    parts = [
+        SharedKeys(pool, torch.randint(0, len(pool), (tiles, keys), generator=generator), mask, bias),
+        OwnKeys(pool, torch.randint(-1, len(pool), (tiles, size, config.index_topk), generator=generator)),
+    ]  # fmt: skip
+    sinks = torch.randn(config.num_heads, generator=generator)
+    scale = config.head_dim**-0.5
     return {
         "streams mixed back": _alternated(
             lambda: mix_compiled(post, comb, out, streams),
@@ -182,7 +206,27 @@ def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
             lambda: logits.clone().masked_fill_(~mask[:, :, None, :], float("-inf")),
             calls,
         ),
+        "tile attention": _alternated(
+            lambda: tiled_attention(queries, parts, sinks, scale),
+            lambda: _joined_softmax_attention(queries, parts, sinks, scale),
+            calls,
+        ),
     }
+
+
+def _joined_softmax_attention(q, parts, sinks, scale) -> torch.Tensor:
+    """tiled_attention as it was: the parts' logits and the sinks joined, one softmax, each
+    part's slice of the probabilities into its product."""
+    tiles, size, heads, _ = q.shape
+    keys, logits = part_logits(q, parts, scale)
+    logits.append(sinks.float()[:, None].expand(tiles, size, heads, 1))
+    probs = torch.cat(logits, dim=-1).softmax(dim=-1)
+    out, start = torch.zeros_like(q, dtype=torch.float32), 0
+    for part, gathered in zip(parts, keys, strict=True):
+        width = gathered.shape[-2]
+        out += part_product(part, probs[..., start : start + width], gathered)
+        start += width
+    return out.to(q.dtype)
 
 
 HEAD_VOCAB = 49_152  # the tiny V4's vocabulary (SmolLM2's tokenizer)
@@ -196,6 +240,24 @@ def time_logits_head(calls: int) -> dict[int, tuple[float, float]]:
         h = torch.randn(rows, weight.shape[1], generator=generator)
         times[rows] = _alternated(
             lambda h=h: compiled_logits(h, weight), lambda h=h: F.linear(h, weight), calls
+        )
+    return times
+
+
+def time_norms(calls: int) -> dict[tuple[int, int], tuple[float, float]]:
+    """µs a call of an RMS norm (weighted) at the tiny V4's widths, a 1,024-token prefill
+    chunk's rows and a decode step's 8: the compiled loop, torch's rms_norm."""
+    generator = torch.Generator().manual_seed(5)
+    times = {}
+    hidden = TINY_CONFIG["hidden_size"]
+    for shape in ((PREFILL_TOKENS, TINY_CONFIG["hc_mult"] * hidden), (PREFILL_TOKENS, hidden),
+                  (8, TINY_CONFIG["hc_mult"] * hidden), (8, hidden)):  # fmt: skip
+        x = torch.randn(shape, generator=generator)
+        weight = torch.rand(shape[1], generator=generator) + 0.5
+        times[shape] = _alternated(
+            lambda x=x, w=weight: compiled_rms_norm(x, w, 1e-6),
+            lambda x=x, w=weight: F.rms_norm(x, (x.shape[1],), w, 1e-6),
+            calls,
         )
     return times
 

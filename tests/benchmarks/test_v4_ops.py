@@ -1,6 +1,7 @@
 """`python -m benchmarks v4-ops`: a decode step's ops counted by the file that issued them, and
-mHC's compiled gates timed against the tensor ops, three prefill pieces against the forms they
-replaced, and the logits head's compiled loop against F.linear."""
+mHC's compiled gates timed against the tensor ops, four prefill pieces against the forms they
+replaced, the logits head's compiled loop against F.linear and the compiled RMS norm against
+torch's."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ def test_counts_a_decode_steps_ops_and_times_both_forms(capsys) -> None:
         "streams mixed back",
         "routed experts",
         "window logits masked",
+        "tile attention",
     ]
     assert all(float(v) > 0 for p in pieces for v in p[1:])
     head = re.findall(r"^\s+(\d+) rows:\s+([\d.]+) /\s+([\d.]+)$", out, re.MULTILINE)
     assert [h[0] for h in head] == ["1", "2", "8"]
     assert all(float(v) > 0 for h in head for v in h[1:])
+    norms = re.findall(r"^\s+(\d+ × \d+):\s+([\d.]+) /\s+([\d.]+)$", out, re.MULTILINE)
+    assert [n[0] for n in norms] == ["1024 × 512", "1024 × 128", "8 × 512", "8 × 128"]
+    assert all(float(v) > 0 for n in norms for v in n[1:])

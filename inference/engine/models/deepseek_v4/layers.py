@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
+from inference.engine.models.deepseek_v4.norms_cpu import compiled_rms_norm, runs_compiled
 
 
 class RMSNorm(nn.Module):
@@ -20,13 +21,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """In fp32, then x's dtype: torch's fused rms_norm, one op where the steps were seven
-        (a decode step of the tiny V4 is hundreds of such small ops)."""
+        """In fp32, then x's dtype: on the CPU one compiled loop (norms_cpu), elsewhere torch's
+        fused rms_norm, one op where the steps were seven (a decode step of the tiny V4 is
+        hundreds of such small ops)."""
+        if runs_compiled(x, self.weight):
+            return compiled_rms_norm(x, self.weight, self.eps)
         h = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
         return h.to(x.dtype)
 
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    if runs_compiled(x, None):  # as RMSNorm's
+        return compiled_rms_norm(x, None, eps)
     if x.dtype == torch.float32:  # fused, as RMSNorm's
         return F.rms_norm(x, (x.shape[-1],), eps=eps)
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)

@@ -251,9 +251,10 @@ def load_deepseek_v4(
     model = build_model(index, device, shard)
     stream_weights(model, index, device)
     if device.type == "cpu":  # compiled (or read from numba's cache) now, not in the first step
-        from inference.engine.models.deepseek_v4.hyper_connections_cpu import warm
+        from inference.engine.models.deepseek_v4 import hyper_connections_cpu, norms_cpu
 
-        warm()
+        hyper_connections_cpu.warm()
+        norms_cpu.warm()
         if isinstance(model.lm_head, LogitsHead):  # the faster logits head on this machine
             logger.info("%s", model.lm_head.choose())
     return model
