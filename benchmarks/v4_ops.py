@@ -12,9 +12,7 @@
    the routed experts (expert by expert / padded to one batch), routed by the tiny checkpoint's
    hash layer on a town prompt's last 1,024 tokens, whose uneven routing is what padding
    wastes; a tile chunk's window logits masked (a bias added / masked_fill with a mask
-   broadcast over the heads); a tile chunk's attention over its window and a CSA query's own
-   keys (the softmax over each part's logits in place / over the parts' logits joined, as
-   tiled_attention computed it before).
+   broadcast over the heads).
 4. The logits head at the tiny V4's shape (49,152 × 128) for 1, 2 and 8 rows: the compiled loop
    (models/logits_head.py) against F.linear, alternated, µs a call.
 5. The RMS norms at a prefill chunk's and a decode step's rows, over the hyper-connection's
@@ -43,14 +41,7 @@ from inference.engine.models.deepseek_v4.hyper_connections import (
     mix_tensor_ops,
 )
 from inference.engine.models.deepseek_v4.norms_cpu import compiled_rms_norm
-from inference.engine.models.deepseek_v4.tiled_attention import (
-    OwnKeys,
-    SharedKeys,
-    mask_bias,
-    part_logits,
-    part_product,
-    tiled_attention,
-)
+from inference.engine.models.deepseek_v4.tiled_attention import mask_bias
 from inference.engine.models.deepseek_v4.tiny import TINY_CONFIG
 from inference.engine.models.logits_head import compiled_logits
 from inference.engine.runner.model_runner import ModelRunner
@@ -186,14 +177,6 @@ def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
     logits = torch.randn(tiles, size, config.num_heads, keys, generator=generator)
     mask = torch.rand(tiles, size, keys, generator=generator) > 0.2
     bias = mask_bias(mask)
-    pool = torch.randn(4 * tokens, config.head_dim, generator=generator)
-    queries = torch.randn(tiles, size, config.num_heads, config.head_dim, generator=generator)
-    parts = [
-        SharedKeys(pool, torch.randint(0, len(pool), (tiles, keys), generator=generator), mask, bias),
-        OwnKeys(pool, torch.randint(-1, len(pool), (tiles, size, config.index_topk), generator=generator)),
-    ]  # fmt: skip
-    sinks = torch.randn(config.num_heads, generator=generator)
-    scale = config.head_dim**-0.5
     return {
         "streams mixed back": _alternated(
             lambda: mix_compiled(post, comb, out, streams),
@@ -206,27 +189,7 @@ def time_prefill_pieces(calls: int) -> dict[str, tuple[float, float]]:
             lambda: logits.clone().masked_fill_(~mask[:, :, None, :], float("-inf")),
             calls,
         ),
-        "tile attention": _alternated(
-            lambda: tiled_attention(queries, parts, sinks, scale),
-            lambda: _joined_softmax_attention(queries, parts, sinks, scale),
-            calls,
-        ),
     }
-
-
-def _joined_softmax_attention(q, parts, sinks, scale) -> torch.Tensor:
-    """tiled_attention as it was: the parts' logits and the sinks joined, one softmax, each
-    part's slice of the probabilities into its product."""
-    tiles, size, heads, _ = q.shape
-    keys, logits = part_logits(q, parts, scale)
-    logits.append(sinks.float()[:, None].expand(tiles, size, heads, 1))
-    probs = torch.cat(logits, dim=-1).softmax(dim=-1)
-    out, start = torch.zeros_like(q, dtype=torch.float32), 0
-    for part, gathered in zip(parts, keys, strict=True):
-        width = gathered.shape[-2]
-        out += part_product(part, probs[..., start : start + width], gathered)
-        start += width
-    return out.to(q.dtype)
 
 
 HEAD_VOCAB = 49_152  # the tiny V4's vocabulary (SmolLM2's tokenizer)

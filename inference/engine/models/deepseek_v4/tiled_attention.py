@@ -55,32 +55,7 @@ def tiled_attention(
     scale: float,
 ) -> torch.Tensor:
     """(tiles, size, H, D) in q's dtype: each query over the keys it reads, every part's
-    together, K = V, the sinks in the softmax (a query that reads no key gets zeros).
-
-    The softmax runs over the parts' logits where they lie, not joined: each part's logits
-    become exp(logit - max) in place and feed its product, and the output is divided by the
-    sum once (over H·D floats, fewer than the keys). Joining them cost a copy of every logit
-    and another of each part's slice of the probabilities (not contiguous) before its product:
-    `python -m benchmarks v4-ops` times the two forms."""
-    keys, logits = part_logits(q, parts, scale)
-    sink = sinks.float()[:, None]  # (H, 1): finite, so every query's max is finite
-    top = sink
-    for scores in logits:
-        if scores.shape[-1]:  # a part may hold no key (amax refuses an empty row)
-            top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))  # (tiles, size, H, 1)
-    total = (sink - top).exp_()  # the softmax's denominator, the sink's share first
-    out = torch.zeros_like(q, dtype=torch.float32)
-    for part, gathered, scores in zip(parts, keys, logits, strict=True):
-        weights = scores.sub_(top).exp_()  # masked logits (-inf) weigh 0
-        total += weights.sum(dim=-1, keepdim=True)
-        out += part_product(part, weights, gathered)
-    return out.div_(total).to(q.dtype)
-
-
-def part_logits(
-    q: torch.Tensor, parts: list[SharedKeys | OwnKeys], scale: float
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each part's keys, gathered in fp32, and its masked logits (tiles, size, H, K)."""
+    together, K = V, the sinks in the softmax (a query that reads no key gets zeros)."""
     tiles, size, heads, _ = q.shape
     qf = q.float() * scale  # scaled here, on fewer floats than the logits
     keys, logits = [], []
@@ -95,18 +70,20 @@ def part_logits(
             scores.masked_fill_((part.rows < 0)[:, :, None, :], float("-inf"))
         keys.append(gathered)
         logits.append(scores)
-    return keys, logits
-
-
-def part_product(
-    part: SharedKeys | OwnKeys, weights: torch.Tensor, gathered: torch.Tensor
-) -> torch.Tensor:
-    """(tiles, size, H, D): a part's weights (tiles, size, H, K) times its keys (K = V)."""
-    if isinstance(part, OwnKeys):
-        return torch.matmul(weights, gathered)
-    tiles, size, heads, width = weights.shape
-    product = torch.matmul(weights.reshape(tiles, size * heads, width), gathered)
-    return product.view(tiles, size, heads, -1)
+    logits.append(sinks.float()[:, None].expand(tiles, size, heads, 1))
+    combined = torch.cat(logits, dim=-1)  # (tiles, size, H, all keys + 1)
+    probs = combined.softmax(dim=-1)
+    out = torch.zeros_like(q, dtype=torch.float32)
+    start = 0
+    for part, gathered in zip(parts, keys, strict=True):
+        width = gathered.shape[-2]
+        p = probs[..., start : start + width]
+        start += width
+        if isinstance(part, SharedKeys):
+            out += torch.matmul(p.reshape(tiles, size * heads, width), gathered).view_as(out)
+        else:
+            out += torch.matmul(p, gathered)  # (tiles, size, H, D)
+    return out.to(q.dtype)
 
 
 # Most scores (query, head, entry) the indexer holds at once, 1 MB in fp32: a prefill tile's
