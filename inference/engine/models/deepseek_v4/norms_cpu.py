@@ -50,7 +50,7 @@ _ONES: dict[int, np.ndarray] = {}
 def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x's shape: RMS-normed over its last dimension, times weight (none: ones) (runs_compiled)."""
     n = x.shape[-1]
-    rows = x.reshape(-1, n).contiguous().numpy()
+    rows = x.detach().reshape(-1, n).contiguous().numpy()
     if weight is None:
         scale = _ONES.get(n)
         if scale is None:
