@@ -75,3 +75,26 @@ def test_the_compiled_collapse_and_mix_equal_their_definition(num_tokens):
     torch.testing.assert_close(collapsed, torch.einsum("tj,tjd->td", pre, streams))
     with torch.enable_grad():  # a gradient asked for: the tensor ops, not the loops
         assert not runs_compiled(streams)
+
+
+def test_another_stream_count_runs_the_tensor_ops():
+    """The compiled loops are written for four streams; two run the tensor ops and give the
+    same gates as the definition, and the Sinkhorn loop refuses matrices not 4 × 4."""
+    config = DeepseekV4Config.from_hf_config(dict(TINY_CONFIG, vocab_size=64, hc_mult=2))
+    hyper = HyperConnection(config)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        hyper.fn.copy_(torch.randn(hyper.fn.shape, generator=generator) * 0.05)
+    streams = torch.randn(5, 2, config.hidden_size, generator=generator)
+    with torch.inference_mode():
+        assert not runs_compiled(streams)
+        post, comb, collapsed = hyper(streams)
+        mixes = F.linear(
+            F.rms_norm(streams.flatten(1), (2 * config.hidden_size,), eps=1e-6), hyper.fn
+        )
+        pre, want_post, want_comb = hyper.gates(mixes)
+    torch.testing.assert_close(post, want_post)
+    torch.testing.assert_close(comb, want_comb)
+    torch.testing.assert_close(collapsed, torch.einsum("tj,tjd->td", pre, streams))
+    with pytest.raises(ValueError, match="4 x 4"):
+        sinkhorn_in_place(torch.rand(3, 3, 3).numpy(), 20, 1e-6)

@@ -6,16 +6,16 @@ collapsed into a block's input and mixed back (`collapse`, `mix_into`), where th
 is a batch of n × n matrix products per token (about 3x slower at a 1,024-token prefill
 chunk).
 
-The Sinkhorn normalizes each token's n × n matrix in place, in the order of
+The Sinkhorn normalizes each token's 4 × 4 matrix in place, in the order of
 hyper_connections.sinkhorn (columns first, then rows and columns `iters` - 1 times, each sum
 + eps, summed in index order), in float32, multiplying by each sum's reciprocal where the tensor
-form divides by it (the divisions bound the loop; in lanes they alone were no faster): the
-two agree to ~1e-6 relative. The gates and the Sinkhorn compile with numpy's error model (a
-division by zero gives inf, as in numpy, where Python's raises): without the check on every
-division the loops vectorize, the gates ~10% faster at 800 tokens (v4-ops part 2); every
-divisor is a sum of positive floats plus eps. The gates with it: ~10x faster than the tensor ops at decode
-sizes, ~1.8x at a prefill chunk's 800 tokens. `python -m benchmarks v4-ops` times the gates
-and the mix against their tensor forms.
+form divides by it: the two agree to ~1e-6 relative. The gates and the Sinkhorn compile with
+numpy's error model (a division by zero gives inf, as in numpy, where Python's raises; every
+divisor here is a sum of positive floats plus eps): without a check on every division the
+loops vectorize. The gates with the Sinkhorn: ~10x faster than the tensor ops at decode sizes,
+~3x at a prefill chunk's 800 tokens. `python -m benchmarks v4-ops` times the gates and the mix
+against their tensor forms. The loops are written for four streams (STREAMS); a model with
+another count runs the tensor ops.
 
 Compiled at model load on the CPU (`warm`) and cached on disk (numba's cache): the first
 process pays the ~1 s compile, later ones load it.
@@ -26,45 +26,47 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# The streams the compiled loops are written for: every V4 checkpoint's hc_mult. The Sinkhorn's
+# sums and scalings are spelled out for four, which lets each run across the tokens' lanes
+# (~4x faster than the same loop over a stream count known only at run time: the loops over the
+# count were innermost and did not vectorize). Other counts run the tensor ops.
+STREAMS = 4
 # Tokens the Sinkhorn normalizes side by side, each in its own SIMD lane.
-LANES = 32
+LANES = 64
 
 
 @njit(cache=True, error_model="numpy")
 def sinkhorn_in_place(c: np.ndarray, iters: int, eps: float) -> None:  # pragma: no cover
-    """c: (T, n, n) float32, C-contiguous; normalized in place, LANES tokens at a time with the
-    token innermost, so each sum and scaling runs across tokens' lanes (a token's own 4 × 4
-    matrix is too small to vectorize). (Runs compiled: numba.)"""
-    num_tokens, n = c.shape[0], c.shape[1]
-    e = np.float32(eps)
-    block = np.empty((n, n, LANES), np.float32)
-    scale = np.empty(LANES, np.float32)
+    """c: (T, 4, 4) float32, C-contiguous; normalized in place, LANES tokens at a time with the
+    token innermost (entry 4·i + j of a (16, LANES) block), so each sum and scaling runs
+    across tokens' lanes (a token's own 4 × 4 matrix is too small to vectorize). (Runs
+    compiled: numba.)"""
+    if c.shape[1] != STREAMS or c.shape[2] != STREAMS:
+        raise ValueError("sinkhorn_in_place takes 4 x 4 matrices")
+    num_tokens = c.shape[0]
+    e, one = np.float32(eps), np.float32(1.0)
+    block = np.empty((STREAMS * STREAMS, LANES), np.float32)
     for t0 in range(0, num_tokens, LANES):
         b = min(LANES, num_tokens - t0)
         for t in range(b):
-            for i in range(n):
-                for j in range(n):
-                    block[i, j, t] = c[t0 + t, i, j]
+            for i in range(STREAMS):
+                for j in range(STREAMS):
+                    block[4 * i + j, t] = c[t0 + t, i, j]
         for step in range(2 * iters - 1):  # columns first, then rows and columns in turn
-            columns = step % 2 == 0
-            for a in range(n):
-                i, j = (0, a) if columns else (a, 0)
+            for a in range(STREAMS):
+                # column a: entries a, 4 + a, 8 + a, 12 + a; row a: 4a .. 4a + 3
+                first, stride = (a, 4) if step % 2 == 0 else (4 * a, 1)
+                r0, r1, r2, r3 = first, first + stride, first + 2 * stride, first + 3 * stride
                 for t in range(b):
-                    scale[t] = block[i, j, t]
-                for k in range(1, n):
-                    i, j = (k, a) if columns else (a, k)
-                    for t in range(b):
-                        scale[t] += block[i, j, t]
-                for t in range(b):
-                    scale[t] = np.float32(1.0) / (scale[t] + e)
-                for k in range(n):
-                    i, j = (k, a) if columns else (a, k)
-                    for t in range(b):
-                        block[i, j, t] *= scale[t]
+                    scale = one / (block[r0, t] + block[r1, t] + block[r2, t] + block[r3, t] + e)
+                    block[r0, t] *= scale
+                    block[r1, t] *= scale
+                    block[r2, t] *= scale
+                    block[r3, t] *= scale
         for t in range(b):
-            for i in range(n):
-                for j in range(n):
-                    c[t0 + t, i, j] = block[i, j, t]
+            for i in range(STREAMS):
+                for j in range(STREAMS):
+                    c[t0 + t, i, j] = block[4 * i + j, t]
 
 
 @njit(cache=True, error_model="numpy")
