@@ -1,9 +1,9 @@
 """DeepSeek-V4's RMS norms on the CPU as one compiled loop (numba): each row's mean square, then
 the row scaled, two passes over it where torch's rms_norm on the CPU is a chain of whole-tensor
 ops (square, mean, add, rsqrt, two products: ~6 passes and a temporary each). A V4 step runs
-dozens: a prefill chunk's (1,024 × 512) hyper-connection norms took 250 µs in torch and 80 in the
-loop on the 2-core AMD EPYC here, a decode step's 20 against 14 (`python -m benchmarks v4-ops`,
-part 5, times them).
+dozens: a prefill chunk's (1,024 × 512) hyper-connection norm took 190–196 µs in torch and
+82–84 in the loop on the 2-core AMD EPYC here, a decode step's (8 × 512) 11.9 against 7.5–7.6
+(`python -m benchmarks v4-ops`, part 5, two runs).
 
 The loop sums each row's squares in another order than torch (numba's reassociation, so the
 sum vectorizes): the two agree to ~1e-6 relative, as two kernels of one BLAS do.
