@@ -47,13 +47,14 @@ def _spans(parts: list[tuple[int, int, int]]) -> tuple[GroupSpans, GroupSpans]:
     return GroupSpans(slots, spans), GroupSpans(list(slots), spans)
 
 
-def _run(model, state, prompts, parts) -> torch.Tensor:
+def _run(model, state, prompts, parts, rows=None) -> torch.Tensor:
+    """The step's logits at `rows` (every row's by default)."""
     full, window = _spans(parts)
     spec = model.config.paged_state_spec()
     meta = spec.metadata_builder(BLOCK, torch.device("cpu")).build(full, window)
     ids = [t for seq, start, n in parts for t in prompts[seq][start : start + n]]
     positions = [p for _, start, n in parts for p in range(start, start + n)]
-    rows = torch.arange(len(ids))
+    rows = torch.arange(len(ids)) if rows is None else rows
     return model(torch.tensor(ids), torch.tensor(positions), state.layers, meta, rows)
 
 
@@ -87,6 +88,27 @@ def test_batched_attention_equals_the_per_sequence_reference(model, monkeypatch)
         ours, theirs = getattr(batched_state, name), getattr(reference_state, name)
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5, msg=name)
     assert batched_state.hca_entries.abs().sum() > 0  # the step closed HCA windows
+
+
+def test_the_last_layer_runs_only_the_rows_whose_logits_are_asked(model):
+    """The last layer's queries, mix and MoE run for the logits' rows alone: those rows' logits
+    are the ones every row's pass gives, no row gives none, and the state every later step reads
+    is written for every token either way (the kernel path's:
+    kernels/test_v4_model_kernels.py)."""
+    rng = random.Random(6)
+    prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
+    step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
+    every_state, some_state, none_state = (_stepped_state(model, prompts) for _ in range(3))
+    num_rows = sum(n for _, _, n in step)
+    wanted = torch.tensor([0, 36, 37, 40, num_rows - 1])  # some of a prefill's, a decode's
+    every = _run(model, every_state, prompts, step)
+    some = _run(model, some_state, prompts, step, wanted)
+    none = _run(model, none_state, prompts, step, wanted[:0])
+    assert some.shape == (len(wanted), every.shape[1]) and none.shape == (0, every.shape[1])
+    torch.testing.assert_close(some, every[wanted], rtol=1e-4, atol=1e-4)
+    for layers in (some_state.layers, none_state.layers):
+        for ours, theirs in zip(layers, every_state.layers, strict=True):
+            torch.testing.assert_close(ours.window, theirs.window)
 
 
 def _loop_reference(x, indices, weights, gate_up, down, expert_ids, limit):

@@ -68,8 +68,9 @@ def select(indexer, x, q_residual, rope, keys, positions, rate: int) -> torch.Te
     return mask.scatter_(-1, picks, 0.0)[:, :num_entries]
 
 
-def reference_forward(self: Attention, x, positions, ropes, state, meta) -> torch.Tensor:
-    """Attention.forward with every sequence compressed and attended on its own."""
+def reference_forward(self: Attention, x, positions, ropes, state, meta, rows=None) -> torch.Tensor:
+    """Attention.forward with every sequence compressed and attended on its own; with `rows`,
+    every query's output computed, then theirs taken."""
     size = meta.tables.block_size
     num_tokens = x.shape[0]
     rope = ropes.main if self.kind == SLIDING else ropes.compress
@@ -82,13 +83,14 @@ def reference_forward(self: Attention, x, positions, ropes, state, meta) -> torc
         _compress(self, x, state, meta, ropes.compress_rotary, size)
     out = torch.empty_like(q)
     for seq in meta.sequences:
-        rows = slice(seq.query_start, seq.query_start + seq.query_len)
-        out[rows] = _attend(
-            self, seq, q[rows], x[rows], q_residual[rows], positions[rows], ropes, state, size
+        own = slice(seq.query_start, seq.query_start + seq.query_len)
+        out[own] = _attend(
+            self, seq, q[own], x[own], q_residual[own], positions[own], ropes, state, size
         )
     out = apply_rope(out, rope.inverse())
     grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)
-    return self.o_b_proj(self.o_a_proj(grouped))
+    outputs = self.o_b_proj(self.o_a_proj(grouped))
+    return outputs if rows is None else outputs[rows]
 
 
 def _compress(self, x, state, meta, rotary, size: int) -> None:

@@ -193,8 +193,17 @@ class Attention(nn.Module):
                 self.compressor.indexer = Indexer(config)
 
     def forward(
-        self, x, positions, ropes, state: LayerState, meta: DeepseekV4Metadata
+        self,
+        x,
+        positions,
+        ropes,
+        state: LayerState,
+        meta: DeepseekV4Metadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """(T, hidden): every query's output; with `rows` (R,), only theirs, (R, hidden). The
+        layer's state (the window's K = V, the compressors' entries) is written for every token
+        either way: later steps read it."""
         num_tokens = x.shape[0]
         rope = ropes.main if self.kind == SLIDING else ropes.compress
         q_residual = self.q_a_norm(self.q_a_proj(x))  # (T, q_lora_rank)
@@ -208,65 +217,79 @@ class Attention(nn.Module):
         if self.kind == CSA:  # the indexer's queries, once for every chunk of queries below
             index_queries = self.compressor.indexer.queries(x, q_residual, rope)
         attend = self._attend_rows if meta.use_kernels else self._attend_tiles
-        out = attend(q, index_queries, state, meta)  # (T, H, D)
-        out = apply_rope(out, rope.inverse())  # K = V carried RoPE into the output: undo it
-        grouped = out.reshape(num_tokens, self.o_a_proj.n_groups, -1)  # (T, G, H·D / G)
+        out = attend(q, index_queries, state, meta, rows)  # (T or R, H, D)
+        # K = V carried RoPE into the output: undo it
+        out = apply_rope(out, (rope if rows is None else rope.at(rows)).inverse())
+        groups = self.o_a_proj.n_groups  # (T, G, H·D / G); T may be 0 (no row wanted)
+        grouped = out.reshape(out.shape[0], groups, self.num_heads * self.head_dim // groups)
         return self.o_b_proj(self.o_a_proj(grouped))
 
-    def _attend_rows(self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata):
-        """(T, H, D): the kernel path, each query over its own rows of the step's tables, read
-        in place by the triton kernels (triton is imported only on this path)."""
+    def _attend_rows(
+        self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata, rows=None
+    ):
+        """(T, H, D), or (R, H, D) for `rows`: the kernel path, each query over its own rows of
+        the step's tables, read in place by the triton kernels (triton is imported only on this
+        path)."""
         from inference.engine.kernels.v4_sparse_attention import sparse_attention
 
-        num_tokens, tables = q.shape[0], meta.tables
+        tables = meta.tables
         window = tables.window_keys()  # (T, W) sliding slots
         entries = tables.visible_entries(self.kind, self.rate) if self.rate else None
         width = window.shape[1] + (entries.shape[1] if entries is not None else 0)
         step = max(1, GATHER_BUDGET // (width * self.head_dim))
-        out = torch.empty_like(q)
-        for lo in range(0, num_tokens, step):  # query chunks, each over every sequence's
-            rows = slice(lo, lo + step)
-            keys = [(state.window, window[rows])]
+        num_queries = q.shape[0] if rows is None else len(rows)
+        out = q.new_empty(num_queries, *q.shape[1:])
+        for lo in range(0, num_queries, step):  # query chunks, each over every sequence's
+            done = slice(lo, lo + step)
+            picks = done if rows is None else rows[done]
+            keys = [(state.window, window[picks])]
             if self.kind == CSA:
                 index_q, index_weights = index_queries
                 picked = self.compressor.indexer.select(
-                    index_q[rows], index_weights[rows], state.index_entries, entries[rows]
+                    index_q[picks], index_weights[picks], state.index_entries, entries[picks]
                 )
                 keys.append((state.entries, picked))
             elif entries is not None:
-                keys.append((state.entries, entries[rows]))
-            out[rows] = sparse_attention(q[rows], keys, self.sinks, self.scale)
+                keys.append((state.entries, entries[picks]))
+            out[done] = sparse_attention(q[picks], keys, self.sinks, self.scale)
         return out
 
-    def _attend_tiles(self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata):
-        """(T, H, D): the torch path, a tile of each sequence's consecutive queries at a time
-        over the keys the tile shares (deepseek_v4.query_tiles, tiled_attention)."""
+    def _attend_tiles(
+        self, q, index_queries, state: LayerState, meta: DeepseekV4Metadata, rows=None
+    ):
+        """(T, H, D), or (R, H, D) for `rows`: the torch path, a tile of each sequence's
+        consecutive queries at a time over the keys the tile shares (deepseek_v4.query_tiles,
+        tiled_attention); with `rows`, only the tiles holding one of them."""
         out = torch.empty_like(q)
         for tiles in QueryTiles.of(meta.tables):
+            picked = None if rows is None else tiles.holding(rows)  # tile indices, CPU
+            num_tiles = tiles.num_tiles if picked is None else len(picked)
+            if num_tiles == 0:
+                continue
             entries = tiles.entries(meta.tables, self.kind, self.rate) if self.rate else None
             width = tiles.window_slots.shape[1] + (entries.rows.shape[1] if entries else 0)
             step = max(1, GATHER_BUDGET // (tiles.size * width * self.head_dim))
-            for lo in range(0, tiles.num_tiles, step):  # chunks of tiles
-                chunk = slice(lo, lo + step)
-                rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's
+            for lo in range(0, num_tiles, step):  # chunks of tiles
+                chunk = slice(lo, lo + step) if picked is None else picked[lo : lo + step]
+                tile_rows = tiles.rows[chunk]  # (tiles, size): a padded query computes row 0's
                 parts = [SharedKeys(state.window, *tiles.window_of(chunk))]
                 if entries is not None:
                     shared = entries.of_tiles(chunk)
                     if self.kind == CSA:
                         index_q, index_weights = index_queries
-                        picked = self.compressor.indexer.select_in_tiles(
-                            gather_rows(index_q, rows),
-                            gather_rows(index_weights, rows),
+                        picks = self.compressor.indexer.select_in_tiles(
+                            gather_rows(index_q, tile_rows),
+                            gather_rows(index_weights, tile_rows),
                             SharedKeys(state.index_entries, *shared),
                         )
-                        parts.append(OwnKeys(state.entries, picked))
+                        parts.append(OwnKeys(state.entries, picks))
                     else:
                         parts.append(SharedKeys(state.entries, *shared))
-                q_tiled = gather_rows(q, rows)  # (tiles, size, H, D)
+                q_tiled = gather_rows(q, tile_rows)  # (tiles, size, H, D)
                 tiled = tiled_attention(q_tiled, parts, self.sinks, self.scale)
-                live = (rows >= 0).flatten()
-                out.index_copy_(0, rows.flatten()[live], tiled.flatten(0, 1)[live])
-        return out
+                live = (tile_rows >= 0).flatten()
+                out.index_copy_(0, tile_rows.flatten()[live], tiled.flatten(0, 1)[live])
+        return out if rows is None else out[rows]
 
     def _compress(self, x, state: LayerState, meta: DeepseekV4Metadata, rotary: Rotary) -> None:
         """Store the new tokens' compressor inputs, then pool every window they close."""

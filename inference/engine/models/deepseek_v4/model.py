@@ -66,9 +66,13 @@ class DecoderLayer(nn.Module):
         self.attn_hc = HyperConnection(config)
         self.ffn_hc = HyperConnection(config)
 
-    def forward(self, streams, input_ids, positions, ropes, state, meta) -> torch.Tensor:
+    def forward(self, streams, input_ids, positions, ropes, state, meta, rows=None) -> torch.Tensor:
+        """(T, hc_mult, hidden): the streams after the layer; with `rows` (R,), only theirs
+        (the layer's state is written for every token either way)."""
         post, comb, collapsed = self.attn_hc(streams)  # streams: (T, hc_mult, hidden)
-        out = self.self_attn(self.input_layernorm(collapsed), positions, ropes, state, meta)
+        out = self.self_attn(self.input_layernorm(collapsed), positions, ropes, state, meta, rows)
+        if rows is not None:  # only these rows go on: the mix and the MoE for them alone
+            post, comb, streams, input_ids = post[rows], comb[rows], streams[rows], input_ids[rows]
         streams = mix(post, comb, out, streams)
         post, comb, collapsed = self.ffn_hc(streams)
         out = self.mlp(self.post_attention_layernorm(collapsed), input_ids)
@@ -133,9 +137,15 @@ class DeepseekV4ForCausalLM(nn.Module):
         streams = x.unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()  # (T, n, hidden)
         compress = self.rotary["compress"]
         ropes = Ropes(self.rotary["main"](positions), compress(positions), compress)
-        for layer, state in zip(self.model.layers, states, strict=True):
-            streams = layer(streams, input_ids, positions, ropes, state, meta)
-        h = self.model.norm(self.model.hc_head(streams[logits_indices]))
+        # The last layer's queries, mix and MoE run for the logits' rows alone: the head reads
+        # only those (its state is written for every token). The MTP layer reads every row.
+        last = len(self.model.layers) - 1
+        for index, (layer, state) in enumerate(zip(self.model.layers, states, strict=True)):
+            rows = logits_indices if index == last and not keep_for_draft else None
+            streams = layer(streams, input_ids, positions, ropes, state, meta, rows)
+        h = self.model.norm(
+            self.model.hc_head(streams if rows is not None else streams[logits_indices])
+        )
         logits = self.lm_head(h)  # (N, vocab)
         if keep_for_draft:
             return logits, DraftContext(streams, positions, ropes, meta)

@@ -57,5 +57,5 @@ class MTPLayer(nn.Module):
     ) -> torch.Tensor:
         e = self.e_proj(self.enorm(next_embeds)).unsqueeze(1)  # (T, 1, hidden)
         x = e + self.h_proj(self.hnorm(streams))  # (T, hc_mult, hidden)
-        x = self.block(x, next_ids, positions, ropes, state, meta)
-        return self.norm(self.hc_head(x[rows]))  # (N, hidden)
+        x = self.block(x, next_ids, positions, ropes, state, meta, rows)  # (N, hc_mult, hidden)
+        return self.norm(self.hc_head(x))  # (N, hidden)

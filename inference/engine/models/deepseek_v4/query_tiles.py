@@ -123,6 +123,11 @@ class QueryTiles:
     def num_tiles(self) -> int:
         return self.rows.shape[0]
 
+    def holding(self, rows: torch.Tensor) -> torch.Tensor:
+        """(K,) CPU: the indices of the tiles holding one of the query `rows`, in order."""
+        held = torch.isin(self.rows, rows.to(self.rows.device)).any(dim=1)
+        return held.nonzero()[:, 0].cpu()
+
     def entries(self, tables: StepTables, kind: str, rate: int) -> TileEntries:
         """The entries of `kind` (compress `rate`) each tile reads, built once per step: those
         its last query's position has closed, E the most any tile sees; each query sees those

@@ -30,8 +30,9 @@ def model():
     return load_model(NAME, torch.device("cpu")).model
 
 
-def _run(model, state, prompts, parts, use_kernels: bool) -> torch.Tensor:
-    """One step over (sequence, start, length) parts, each sequence in blocks of its own."""
+def _run(model, state, prompts, parts, use_kernels: bool, rows=None) -> torch.Tensor:
+    """One step over (sequence, start, length) parts, each sequence in blocks of its own: the
+    logits at `rows` (every row's by default)."""
     slots, spans, query_start = [], [], 0
     for seq, start, length in parts:
         blocks = list(range(seq * BLOCKS_EACH, (seq + 1) * BLOCKS_EACH))
@@ -44,7 +45,7 @@ def _run(model, state, prompts, parts, use_kernels: bool) -> torch.Tensor:
     meta.use_kernels = use_kernels
     ids = [t for seq, start, n in parts for t in prompts[seq][start : start + n]]
     positions = [p for _, start, n in parts for p in range(start, start + n)]
-    rows = torch.arange(len(ids))
+    rows = torch.arange(len(ids)) if rows is None else rows
     return model(torch.tensor(ids), torch.tensor(positions), state.layers, meta, rows)
 
 
@@ -91,3 +92,21 @@ def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
         torch.testing.assert_close(
             getattr(kernel_state, name), getattr(torch_state, name), atol=1e-5, rtol=1e-5
         )
+
+
+def test_the_kernel_path_runs_the_last_layer_for_the_rows_asked(model):
+    """The last layer's queries run for the logits' rows alone on the kernel path too: those
+    rows' logits are the torch path's for every row, at those rows."""
+    rng = random.Random(7)
+    prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
+    history = [(seq, 0, start) for seq, (start, _) in enumerate(STEP) if start]
+    step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
+    num = len(STEP) * BLOCKS_EACH
+    before = model.config.paged_state_spec().allocate(
+        num, num, BLOCK, torch.float32, torch.device("cpu")
+    )
+    _run(model, before, prompts, history, use_kernels=False)
+    every = _run(model, copy.deepcopy(before), prompts, step, use_kernels=False)
+    wanted = torch.tensor([0, len(every) - 1])
+    some = _run(model, copy.deepcopy(before), prompts, step, use_kernels=True, rows=wanted)
+    torch.testing.assert_close(some, every[wanted], atol=1e-4, rtol=1e-4)
