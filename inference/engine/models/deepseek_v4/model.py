@@ -139,13 +139,14 @@ class DeepseekV4ForCausalLM(nn.Module):
         ropes = Ropes(self.rotary["main"](positions), compress(positions), compress)
         # The last layer's queries, mix and MoE run for the logits' rows alone: the head reads
         # only those (its state is written for every token). The MTP layer reads every row.
+        head_rows = None if keep_for_draft else logits_indices
         last = len(self.model.layers) - 1
         for index, (layer, state) in enumerate(zip(self.model.layers, states, strict=True)):
-            rows = logits_indices if index == last and not keep_for_draft else None
+            rows = head_rows if index == last else None
             streams = layer(streams, input_ids, positions, ropes, state, meta, rows)
-        h = self.model.norm(
-            self.model.hc_head(streams if rows is not None else streams[logits_indices])
-        )
+        # With head_rows, the last layer gave only those rows.
+        at_rows = streams[logits_indices] if head_rows is None else streams
+        h = self.model.norm(self.model.hc_head(at_rows))
         logits = self.lm_head(h)  # (N, vocab)
         if keep_for_draft:
             return logits, DraftContext(streams, positions, ropes, meta)
