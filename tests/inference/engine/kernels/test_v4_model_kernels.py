@@ -49,6 +49,21 @@ def _run(model, state, prompts, parts, use_kernels: bool, rows=None) -> torch.Te
     return model(torch.tensor(ids), torch.tensor(positions), state.layers, meta, rows)
 
 
+def _step_after_history(model, seed: int):
+    """Random prompts for STEP, the step's parts, and a state holding each sequence's history
+    (written by the torch path)."""
+    rng = random.Random(seed)
+    prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
+    history = [(seq, 0, start) for seq, (start, _) in enumerate(STEP) if start]
+    step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
+    num = len(STEP) * BLOCKS_EACH
+    before = model.config.paged_state_spec().allocate(
+        num, num, BLOCK, torch.float32, torch.device("cpu")
+    )
+    _run(model, before, prompts, history, use_kernels=False)
+    return prompts, step, before
+
+
 def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
     calls = Counter()
     kernels = (
@@ -64,15 +79,7 @@ def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
-    rng = random.Random(5)
-    prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
-    history = [(seq, 0, start) for seq, (start, _) in enumerate(STEP) if start]
-    step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
-    num = len(STEP) * BLOCKS_EACH
-    before = model.config.paged_state_spec().allocate(
-        num, num, BLOCK, torch.float32, torch.device("cpu")
-    )
-    _run(model, before, prompts, history, use_kernels=False)
+    prompts, step, before = _step_after_history(model, seed=5)
     results = {}
     for use_kernels in (False, True):
         state = copy.deepcopy(before)
@@ -97,15 +104,7 @@ def test_the_kernel_path_gives_the_torch_paths_logits(model, monkeypatch):
 def test_the_kernel_path_runs_the_last_layer_for_the_rows_asked(model):
     """The last layer's queries run for the logits' rows alone on the kernel path too: those
     rows' logits are the torch path's for every row, at those rows."""
-    rng = random.Random(7)
-    prompts = [smollm2_tokens(rng, start + n) for start, n in STEP]
-    history = [(seq, 0, start) for seq, (start, _) in enumerate(STEP) if start]
-    step = [(seq, start, n) for seq, (start, n) in enumerate(STEP)]
-    num = len(STEP) * BLOCKS_EACH
-    before = model.config.paged_state_spec().allocate(
-        num, num, BLOCK, torch.float32, torch.device("cpu")
-    )
-    _run(model, before, prompts, history, use_kernels=False)
+    prompts, step, before = _step_after_history(model, seed=7)
     every = _run(model, copy.deepcopy(before), prompts, step, use_kernels=False)
     wanted = torch.tensor([0, len(every) - 1])
     some = _run(model, copy.deepcopy(before), prompts, step, use_kernels=True, rows=wanted)
