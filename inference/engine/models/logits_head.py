@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from numba import njit
 from torch import nn
 
+from inference.engine.models.cpu_loops import fp32_cpu_inference
+
 # Rows past which the loop is not used (at 64 rows the BLAS was as fast).
 MAX_COMPILED_ROWS = 32
 # The loop is chosen only when it takes at most this share of the BLAS's time.
@@ -87,13 +89,7 @@ class LogitsHead(nn.Linear):
 
     def _takes(self, x: torch.Tensor) -> bool:
         return (
-            x.dim() == 2
-            and x.shape[0] <= MAX_COMPILED_ROWS
-            and x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and self.weight.dtype == torch.float32
-            and self.weight.device.type == "cpu"
-            and not torch.is_grad_enabled()
+            x.dim() == 2 and x.shape[0] <= MAX_COMPILED_ROWS and fp32_cpu_inference(x, self.weight)
         )
 
     @torch.inference_mode()

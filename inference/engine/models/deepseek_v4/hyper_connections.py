@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.models.cpu_loops import fp32_cpu_inference
 from inference.engine.models.deepseek_v4.config import DeepseekV4Config
 from inference.engine.models.deepseek_v4.hyper_connections_cpu import STREAMS
 from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
@@ -18,12 +19,7 @@ from inference.engine.models.deepseek_v4.layers import unweighted_rms_norm
 def runs_compiled(streams: torch.Tensor) -> bool:
     """Whether the CPU's compiled loops (hyper_connections_cpu) take these streams: four of
     them, fp32 on the CPU, no gradient asked for."""
-    return (
-        streams.shape[1] == STREAMS
-        and streams.device.type == "cpu"
-        and streams.dtype == torch.float32
-        and not torch.is_grad_enabled()
-    )
+    return streams.shape[1] == STREAMS and fp32_cpu_inference(streams)
 
 
 class HyperConnection(nn.Module):

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from inference.engine.models.cpu_loops import fp32_cpu_inference
+
 
 @njit(fastmath={"reassoc", "contract"}, cache=True)
 def rms_rows(
@@ -36,12 +38,7 @@ def rms_rows(
 
 def runs_compiled(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     """Whether the loop takes this norm: fp32 on the CPU, no gradient asked for."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and (weight is None or weight.dtype == torch.float32)
-        and not torch.is_grad_enabled()
-    )
+    return fp32_cpu_inference(x) if weight is None else fp32_cpu_inference(x, weight)
 
 
 _ONES: dict[int, np.ndarray] = {}
